@@ -1,0 +1,1 @@
+"""libinject: discover a GPU host and inject it into containers."""

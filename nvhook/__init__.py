@@ -1,0 +1,1 @@
+"""nvhook: the hook binary and command-line interface."""

@@ -1,0 +1,3 @@
+from nvhook.cli import main
+
+raise SystemExit(main())

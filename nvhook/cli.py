@@ -1,0 +1,102 @@
+"""Command-line entry point.
+
+Only the chosen subcommand's module is imported (the hook's start-up time is on
+every container start). Each command module defines
+    def add_arguments(parser: argparse.ArgumentParser, name: str) -> None
+    def run(args: argparse.Namespace) -> int     (args.command is the name)
+or, to take its argv unparsed (the runtime shim), RAW = True and
+    def run_raw(argv: list[str]) -> int
+and keeps heavy imports inside run().
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module; the hook stages share one module.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("nvhook.cmd_list", "list the driver files and devices that would be injected"),
+    "info": ("nvhook.cmd_info", "show the driver and GPUs of the host"),
+    "configure": ("nvhook.cmd_configure", "inject GPUs into a container rootfs"),
+    "prestart": ("nvhook.cmd_hook", "OCI hook stage (state JSON on stdin)"),
+    "createContainer": ("nvhook.cmd_hook", "OCI hook stage (state JSON on stdin)"),
+    "poststart": ("nvhook.cmd_hook", "OCI hook stage (does nothing)"),
+    "poststop": ("nvhook.cmd_hook", "OCI hook stage (does nothing)"),
+    "hooks": ("nvhook.cmd_hooks", "print or install the hooks.d configs for CRI-O and podman"),
+    "cdi": ("nvhook.cmd_cdi", "generate, list and validate CDI specs"),
+    "cdi-hook": ("nvhook.cmd_cdi_hook", "hooks that CDI specs call (create-symlinks, update-ldcache)"),
+    "runtime": ("nvhook.cmd_runtime", "runtime shim in front of runc/crun"),
+    "sim": ("nvhook.cmd_sim", "build simulated GPU hosts"),
+}
+
+# Global options that take a value (so the command can be found without parsing).
+_VALUED = {"--root", "--ldcache", "--user", "--debug", "--config"}
+
+
+def _global_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nvhook",
+        description="GPU container toolkit: OCI hook, injection, CDI, simulated GPU hosts.",
+    )
+    p.add_argument("--root", help="driver root (default: from config, else /)")
+    p.add_argument("--ldcache", help="ld.so.cache to read, relative to the driver root")
+    p.add_argument("--user", help="UID[:GID] to run discovery as")
+    p.add_argument("--debug", metavar="FILE", help="append a debug log to FILE")
+    p.add_argument("--load-kmods", action="store_true", help="load kernel modules (no-op in simulation)")
+    p.add_argument("--config", help="config.toml path (default: $XDG_CONFIG_HOME or /etc)")
+    return p
+
+
+def _find_command(argv: list[str]) -> str | None:
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _VALUED:
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return a
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = _find_command(argv)
+    parser = _global_parser()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    if name not in COMMANDS:
+        for cmd, (_, helptext) in COMMANDS.items():
+            sub.add_parser(cmd, help=helptext)
+        if name is None:
+            parser.print_help(sys.stderr)
+            return 2
+        parser.parse_args(argv)  # reports the unknown command and exits 2
+        return 2
+    modname, helptext = COMMANDS[name]
+    module = importlib.import_module(modname)
+    if getattr(module, "RAW", False):
+        # The runtime shim takes runc's own flags (--root, --log ...) untouched.
+        return _run_guarded(module.run_raw, argv[argv.index(name) + 1:])
+    module.add_arguments(sub.add_parser(name, help=helptext), name)
+    args = parser.parse_args(argv)
+    return _run_guarded(module.run, args)
+
+
+def _run_guarded(fn, arg) -> int:
+    from libinject.errors import NvhookError
+
+    try:
+        return int(fn(arg) or 0)
+    except NvhookError as e:
+        print(f"nvhook: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def runtime_main() -> int:
+    """Console script nvhook-runtime: the runtime shim with runc's arguments."""
+    return main(["runtime", *sys.argv[1:]])
