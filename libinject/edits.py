@@ -1,0 +1,119 @@
+"""ContainerEdits: what the planner decides, as pure data.
+
+One plan, three appliers: live (libinject.apply_live: hook and configure), OCI spec
+(runtime shim) and CDI (cdi generate). Container paths are absolute paths inside the
+container; host paths are absolute on the host. Serialisable with to_dict/from_dict
+(used by --dry-run --json and the snapshot cache).
+
+Mount kinds, in the order the live applier applies them (DESIGN.md §5):
+    binary, library, firmware, ipc, procfs-gpu
+Device nodes: control devices first, then per-GPU, then MIG capabilities and IMEX.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MOUNT_KINDS = ("binary", "library", "firmware", "ipc")
+
+
+@dataclass(frozen=True)
+class DeviceEdit:
+    path: str                 # container path, "/dev/nvidia1"
+    host_path: str            # node on the host to bind-mount
+    major: int
+    minor: int
+    kind: str = "gpu"         # "control" | "gpu" | "mig" | "imex"
+    type: str = "c"
+    permissions: str = "rw"   # cgroup access
+    file_mode: int = 0o666
+
+
+@dataclass(frozen=True)
+class MountEdit:
+    host_path: str
+    container_path: str
+    kind: str                                  # one of MOUNT_KINDS
+    options: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
+
+
+@dataclass(frozen=True)
+class SymlinkEdit:
+    target: str               # link contents, e.g. "libcuda.so.1"
+    link: str                 # container path of the link
+
+
+@dataclass(frozen=True)
+class ProcfsEdit:
+    """tmpfs over `path` holding `files`, plus the selected GPUs' directories."""
+    path: str = "/proc/driver/nvidia"
+    files: dict[str, str] = field(default_factory=dict)          # name -> contents
+    gpu_dirs: tuple[tuple[str, str], ...] = ()                   # (host dir, name under gpus/)
+
+
+@dataclass(frozen=True)
+class CgroupRule:
+    major: int
+    minor: int
+    type: str = "c"
+    access: str = "rw"
+
+
+@dataclass(frozen=True)
+class HookEdit:
+    stage: str                # "createContainer", ...
+    path: str
+    args: tuple[str, ...]
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CudaCompatEdit:
+    """Use the image's CUDA forward-compat libs when newer than the driver."""
+    mode: str                 # "mount" | "ldconfig"
+    driver_major: int
+    container_dir: str = "/usr/local/cuda/compat"
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceEdit, ...] = ()
+    mounts: tuple[MountEdit, ...] = ()
+    symlinks: tuple[SymlinkEdit, ...] = ()
+    procfs: ProcfsEdit | None = None
+    ldconfig_folders: tuple[str, ...] = ()
+    cgroup_rules: tuple[CgroupRule, ...] = ()
+    hooks: tuple[HookEdit, ...] = ()
+    cuda_compat: CudaCompatEdit | None = None
+    lib_dir: str = "/usr/lib/x86_64-linux-gnu"   # where libraries go in this container
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ContainerEdits":
+        def tup(t, items):
+            return tuple(t(**_tuplify(t, i)) for i in items)
+
+        return cls(
+            env=tuple(d.get("env", ())),
+            device_nodes=tup(DeviceEdit, d.get("device_nodes", ())),
+            mounts=tup(MountEdit, d.get("mounts", ())),
+            symlinks=tup(SymlinkEdit, d.get("symlinks", ())),
+            procfs=ProcfsEdit(**_tuplify(ProcfsEdit, d["procfs"])) if d.get("procfs") else None,
+            ldconfig_folders=tuple(d.get("ldconfig_folders", ())),
+            cgroup_rules=tup(CgroupRule, d.get("cgroup_rules", ())),
+            hooks=tup(HookEdit, d.get("hooks", ())),
+            cuda_compat=CudaCompatEdit(**d["cuda_compat"]) if d.get("cuda_compat") else None,
+            lib_dir=d.get("lib_dir", cls.lib_dir),
+        )
+
+
+def _tuplify(t: type, d: dict[str, Any]) -> dict[str, Any]:
+    """JSON lists back to the tuples the frozen dataclasses hold."""
+    out = dict(d)
+    for f in fields(t):
+        if f.name in out and isinstance(out[f.name], list):
+            out[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in out[f.name])
+    return out
