@@ -1,0 +1,63 @@
+"""A minimal container rootfs without an image registry (RUNTIMES.md):
+static busybox, the host's glibc, an ld.so.conf that includes ld.so.conf.d.
+
+Used by `nvhook sim rootfs`, `make demo` and the tests.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from libinject.errors import NvhookError
+
+BUSYBOX = "/bin/busybox"
+GLIBC_DIR = "/lib/x86_64-linux-gnu"
+GLIBC_LIBS = ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libpthread.so.0",
+              "libdl.so.2", "librt.so.1", "libresolv.so.2")
+APPLETS = ("sh", "ls", "cat", "echo", "true", "false", "sleep", "mkdir", "readlink", "stat",
+           "test", "grep", "head", "wc", "env", "id", "mount", "chroot", "find", "ln", "rm", "dd")
+
+
+def build_rootfs(dest: str | os.PathLike[str], *, lib_layout: str = "debian") -> Path:
+    """Build a busybox+glibc rootfs at dest (must not exist or be empty).
+
+    lib_layout "debian" puts glibc in /lib/x86_64-linux-gnu (with /usr/lib/x86_64-linux-gnu
+    present); "rpm" puts it in /lib64 and /usr/lib64 (a Fedora-like image).
+    """
+    root = Path(dest)
+    if not Path(BUSYBOX).is_file():
+        raise NvhookError(f"{BUSYBOX} not found: install busybox-static")
+    root.mkdir(parents=True, exist_ok=True)
+    for d in ("bin", "sbin", "etc/ld.so.conf.d", "proc", "sys", "dev", "tmp", "run", "root",
+              "usr/bin", "usr/local/bin", "var/run"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(root / "tmp", 0o1777)
+    shutil.copy2(BUSYBOX, root / "bin/busybox")
+    for a in APPLETS:
+        link = root / "bin" / a
+        if not link.exists():
+            link.symlink_to("busybox")
+    if lib_layout == "debian":
+        libdir = root / "lib/x86_64-linux-gnu"
+        (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+        (root / "lib64").mkdir(exist_ok=True)
+        conf_dirs = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"]
+    elif lib_layout == "rpm":
+        libdir = root / "lib64"
+        (root / "usr/lib64").mkdir(parents=True, exist_ok=True)
+        conf_dirs = ["/lib64", "/usr/lib64"]
+    else:
+        raise NvhookError(f"unknown lib layout {lib_layout!r}")
+    libdir.mkdir(parents=True, exist_ok=True)
+    for lib in GLIBC_LIBS:
+        shutil.copy2(os.path.realpath(f"{GLIBC_DIR}/{lib}"), libdir / lib)
+    if lib_layout == "debian":
+        loader = root / "lib64/ld-linux-x86-64.so.2"
+        if not loader.exists():
+            loader.symlink_to("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d/libc.conf").write_text("\n".join(conf_dirs) + "\n")
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
+    (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    return root
