@@ -1,0 +1,432 @@
+"""Build a simulated GPU host: a directory laid out like a GPU host's driver root.
+
+    create_host(dest, profile="a100x8")      # or profile_file="my.json"
+
+Everything is real except the GPU: ELF libraries with the driver's SONAMEs, a C mock
+of libnvidia-ml (native/nvml_mock.c) that answers from the files of the root it is
+loaded from, an nvidia-smi that links it, device nodes made with mknod, procfs files
+in the driver's formats, sockets, and an etc/ld.so.cache made by `ldconfig -r`.
+The root also holds the host's glibc (lib/x86_64-linux-gnu) so `chroot ROOT
+/usr/bin/nvidia-smi` works, as it does on a real GPU host.
+
+C is compiled once per (sources, flags, driver version, arch) into a cache dir:
+$NVHOOK_SIM_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/nvhook/sim.
+The host is built in a temp dir next to dest and renamed into place at the end, so a
+failure leaves nothing behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from libinject.errors import NvhookError
+from libinject.sim import profile as profmod
+from libinject.sim.profile import GpuSpec, LibSpec, Profile
+
+NATIVE = Path(__file__).resolve().parent / "native"
+CACHE_FORMAT = "1"   # bump when the compile recipe changes
+CC = "gcc"
+CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
+ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
+NVIDIA_MAJOR = 195
+# Dev links the .run installer makes besides the SONAME links.
+DEV_LINKS = ("libcuda", "libnvidia-ml", "libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow")
+
+
+# ---------------------------------------------------------------- compile cache
+
+def cache_dir() -> Path:
+    env = os.environ.get("NVHOOK_SIM_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nvhook" / "sim"
+
+
+def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Path] = ()) -> Path:
+    """gcc sources -> cache/<hash>-out_name (compiled only on a cache miss)."""
+    h = hashlib.sha256(CACHE_FORMAT.encode())
+    for name in sorted({*sources, "nvml.h"}):
+        h.update(name.encode() + b"\0" + (NATIVE / name).read_bytes())
+    for part in (*flags, *(str(p) for p in link)):
+        h.update(b"\0" + part.encode())
+    cdir = cache_dir()
+    out = cdir / f"{h.hexdigest()[:20]}-{out_name}"
+    if out.exists():
+        return out
+    cdir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=cdir)
+    os.close(fd)
+    cmd = [CC, *CFLAGS, *flags, f"-I{NATIVE}", "-o", tmp, *(str(NATIVE / s) for s in sources),
+           *(str(p) for p in link)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            err = (r.stderr.strip().splitlines() or ["?"])[-1]
+            raise NvhookError(f"compiling {out_name} failed: {err}")
+        os.replace(tmp, out)   # atomic: concurrent builders race harmlessly
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _defines(prof: Profile) -> list[str]:
+    return [f'-DSIM_DRIVER_VERSION="{prof.driver_version}"', f"-DSIM_CUDA_VERSION={prof.cuda_int}"]
+
+
+def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
+    # --no-as-needed -lc: DT_NEEDED libc.so.6 like the real libraries (ldconfig then tags
+    # 32-bit entries "libc6" rather than plain "ELF").
+    flags = [*ARCHES[arch][1], "-shared", f"-Wl,-soname,{lib.real_soname(prof.driver_version)}",
+             "-Wl,--no-as-needed", "-lc", *_defines(prof)]
+    if lib.name == "libnvidia-ml":
+        return _compile(["nvml_mock.c"], [*flags, "-lpthread"], f"{arch}-{lib.file_name(prof.driver_version)}")
+    flags.append(f'-DSIM_LIB="{lib.name}"')
+    if lib.name == "libcuda":
+        flags.append("-DSIM_LIBCUDA")
+    return _compile(["driver_lib.c"], flags, f"{arch}-{lib.file_name(prof.driver_version)}")
+
+
+def _build_tool(prof: Profile, name: str, nvml: Path) -> Path:
+    if name == "nvidia-smi":
+        # Linked against the mock so DT_NEEDED is its SONAME, libnvidia-ml.so.1.
+        return _compile(["nvidia_smi.c"], [], name, link=[nvml])
+    return _compile(["tool.c"], [f'-DSIM_TOOL="{name}"', *_defines(prof)], name)
+
+
+def _m32_works() -> bool:
+    marker = cache_dir() / f"m32-{CACHE_FORMAT}.ok"
+    if marker.exists():
+        return True
+    try:
+        _compile(["driver_lib.c"], ["-m32", "-shared", '-DSIM_LIB="probe"',
+                                    '-DSIM_DRIVER_VERSION="0"', "-DSIM_CUDA_VERSION=0"], "m32-probe.so")
+    except (NvhookError, OSError):
+        return False
+    marker.touch()
+    return True
+
+
+def build_artifacts(prof: Profile) -> tuple[dict[tuple[str, str], Path], dict[str, Path]]:
+    """Compile (or take from the cache) what the profile needs.
+    Returns ({(arch, lib name): .so}, {binary name: executable})."""
+    arches = ["x86_64"]
+    if prof.compat32 and any(lib.i386 for lib in prof.libraries) and _m32_works():
+        arches.append("i386")
+    jobs = [(arch, lib) for arch in arches for lib in prof.libraries if arch == "x86_64" or lib.i386]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        futs = {(arch, lib.name): pool.submit(_build_lib, prof, lib, arch) for arch, lib in jobs}
+        nvml = futs[("x86_64", "libnvidia-ml")].result()
+        bins = {b: pool.submit(_build_tool, prof, b, nvml) for b in prof.binaries}
+        libs = {k: f.result() for k, f in futs.items()}
+        tools = {k: f.result() for k, f in bins.items()}
+    return libs, tools
+
+
+# ---------------------------------------------------------------- file formats
+
+def _version_file(prof: Profile) -> str:
+    return (f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {prof.driver_version}  "
+            f"Tue Apr  8 12:27:59 UTC 2025\n"
+            f"GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+PARAMS = """ResmanDebugLevel: 4294967295
+RmLogonRC: 1
+ModifyDeviceFiles: 1
+DeviceFileUID: 0
+DeviceFileGID: 0
+DeviceFileMode: 438
+InitializeSystemMemoryAllocations: 1
+UsePageAttributeTable: 4294967295
+EnableMSI: 1
+EnablePCIeGen3: 0
+MemoryPoolSize: 0
+KMallocHeapMaxSize: 0
+VMallocHeapMaxSize: 0
+IgnoreMMIOCheck: 0
+TCEBypassMode: 0
+EnableStreamMemOPs: 0
+EnableUserNUMAManagement: 1
+NvLinkDisable: 0
+RmProfilingAdminOnly: 1
+PreserveVideoMemoryAllocations: 0
+EnableS0ixPowerManagement: 0
+S0ixPowerManagementVideoMemoryThreshold: 256
+DynamicPowerManagement: 3
+DynamicPowerManagementVideoMemoryThreshold: 200
+RegisterPCIDriver: 1
+EnablePCIERelaxedOrderingMode: 0
+EnableResizableBar: 0
+EnableGpuFirmware: 18
+EnableGpuFirmwareLogs: 2
+RmNvlinkBandwidthLinkCount: 0
+EnableDbgBreakpoint: 0
+OpenRmEnableUnsupportedGpus: 1
+DmaRemapPeerMmio: 1
+ImexChannelCount: 2048
+CreateImexChannel0: 0
+GrdmaPciTopoCheckOverride: 0
+RegistryDwords: ""
+RegistryDwordsPerDevice: ""
+RmMsg: ""
+GpuBlacklist: ""
+TemporaryFilePath: ""
+ExcludedGpus: ""
+"""
+
+
+def _information(prof: Profile, g: GpuSpec) -> str:
+    return (f"Model: \t\t {g.name}\n"
+            f"IRQ:   \t\t {150 + g.minor}\n"
+            f"GPU UUID: \t {g.uuid}\n"
+            f"Video BIOS: \t 92.00.45.00.03\n"
+            f"Bus Type: \t PCIe\n"
+            f"DMA Size: \t 47 bits\n"
+            f"DMA Mask: \t 0x7fffffffffff\n"
+            f"Bus Location: \t {g.procfs_name}\n"
+            f"Device Minor: \t {g.minor}\n"
+            f"GPU Firmware: \t {prof.driver_version}\n"
+            f"GPU Excluded:\t No\n")
+
+
+def _sim_data(g: GpuSpec) -> str:
+    """What the kernel would tell NVML about this GPU (read by nvml_mock.c)."""
+    lines = [f"Brand: {g.brand_value} ({g.brand})",
+             f"Architecture: {g.arch_value} ({g.architecture})",
+             f"ComputeCapability: {g.cc[0]}.{g.cc[1]}",
+             f"MemoryMiB: {g.memory_mib}",
+             f"PciDeviceId: 0x{g.pci_device_id:08X}",
+             f"PciSubSystemId: 0x{g.pci_subsystem_id:08X}",
+             f"MigCapable: {int(g.mig_capable)}",
+             f"MigMode: {int(g.mig_enabled)}"]
+    lines += [f"MigDevice: {m.gi} {m.ci} {m.memory_mib} {m.name} {m.uuid}" for m in g.mig]
+    return "# nvhook simulated GPU data (read by the simulated libnvidia-ml)\n" + "\n".join(lines) + "\n"
+
+
+def gi_minor(gpu_minor: int, gi: int) -> int:
+    """nvidia-caps minor of gpu<N>/gi<G>/access (the driver's fixed table)."""
+    return 3 + gpu_minor * 135 + gi * 9
+
+
+def ci_minor(gpu_minor: int, gi: int, ci: int) -> int:
+    return gi_minor(gpu_minor, gi) + 1 + ci
+
+
+def mig_minors_file() -> str:
+    lines = ["config 1", "monitor 2"]
+    for gpu in range(32):
+        for gi in range(15):
+            lines.append(f"gpu{gpu}/gi{gi}/access {gi_minor(gpu, gi)}")
+            lines += [f"gpu{gpu}/gi{gi}/ci{ci}/access {ci_minor(gpu, gi, ci)}" for ci in range(8)]
+    return "\n".join(lines) + "\n"
+
+
+def _cap_file(minor: int, mode: int) -> str:
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
+
+
+# ---------------------------------------------------------------- building
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode)
+
+
+def _mknod(path: Path, major: int, minor: int, mode: int = 0o666) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+    except PermissionError:
+        raise NvhookError(f"mknod {path.name}: permission denied (creating a simulated host needs root)") from None
+    os.chmod(path, mode)
+
+
+def _unix_socket(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Bind through /proc/self/fd/N so deep paths don't hit the 108-byte sun_path limit.
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(f"/proc/self/fd/{dfd}/{path.name}")
+        finally:
+            s.close()
+    finally:
+        os.close(dfd)
+    os.chmod(path, 0o666)
+
+
+def _copy(src: Path, dst: Path, mode: int) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    os.chmod(dst, mode)
+
+
+def _install_glibc(root: Path) -> None:
+    from libinject.sim.rootfs import GLIBC_DIR, GLIBC_LIBS
+
+    libdir = root / "lib/x86_64-linux-gnu"
+    for lib in GLIBC_LIBS:
+        _copy(Path(os.path.realpath(f"{GLIBC_DIR}/{lib}")), libdir / lib, 0o755)
+    (root / "lib64").mkdir(exist_ok=True)
+    (root / "lib64/ld-linux-x86-64.so.2").symlink_to("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+
+
+def _install_libraries(root: Path, prof: Profile, libs: dict[tuple[str, str], Path]) -> list[str]:
+    ver = prof.driver_version
+    arches = sorted({arch for arch, _ in libs})
+    for (arch, name), src in libs.items():
+        spec = next(s for s in prof.libraries if s.name == name)
+        libdir = root / "usr/lib" / ARCHES[arch][0]
+        fname = spec.file_name(ver)
+        _copy(src, libdir / fname, 0o755)
+        soname = spec.real_soname(ver)
+        if soname != fname:
+            (libdir / soname).symlink_to(fname)
+        if name in DEV_LINKS:
+            (libdir / f"{name}.so").symlink_to(soname)
+        if name == "libGLX_nvidia":
+            (libdir / "libGLX_indirect.so.0").symlink_to(soname)
+    names = {s.name for s in prof.libraries}
+    if "libEGL_nvidia" in names:
+        _write(root / "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+               json.dumps({"file_format_version": "1.0.0",
+                           "ICD": {"library_path": "libEGL_nvidia.so.0"}}, indent=4) + "\n")
+    if "libGLX_nvidia" in names:
+        _write(root / "usr/share/vulkan/icd.d/nvidia_icd.json",
+               json.dumps({"file_format_version": "1.0.1",
+                           "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.3.277"}},
+                          indent=4) + "\n")
+    if "libnvidia-opencl" in names:
+        _write(root / "etc/OpenCL/vendors/nvidia.icd", "libnvidia-opencl.so.1\n")
+    return arches
+
+
+def _install_ldconf(root: Path, arches: list[str]) -> None:
+    _write(root / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    _write(root / "etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+           "# Multiarch support\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    if "i386" in arches:
+        _write(root / "etc/ld.so.conf.d/i386-linux-gnu.conf",
+               "# Multiarch support\n/usr/lib/i386-linux-gnu\n")
+
+
+def _install_devices(root: Path, prof: Profile) -> None:
+    dev = root / "dev"
+    for g in prof.gpus:
+        _mknod(dev / f"nvidia{g.minor}", NVIDIA_MAJOR, g.minor)
+    _mknod(dev / "nvidiactl", NVIDIA_MAJOR, 255)
+    _mknod(dev / "nvidia-uvm", prof.uvm_major, 0)
+    _mknod(dev / "nvidia-uvm-tools", prof.uvm_major, 1)
+    if prof.modeset:
+        _mknod(dev / "nvidia-modeset", NVIDIA_MAJOR, 254)
+    if prof.mig_capable:
+        caps = dev / "nvidia-caps"
+        _mknod(caps / "nvidia-cap1", prof.caps_major, 1, 0o400)
+        _mknod(caps / "nvidia-cap2", prof.caps_major, 2, 0o444)
+        for g in prof.gpus:
+            for gi in sorted({m.gi for m in g.mig}):
+                _mknod(caps / f"nvidia-cap{gi_minor(g.minor, gi)}", prof.caps_major, gi_minor(g.minor, gi), 0o444)
+            for m in g.mig:
+                n = ci_minor(g.minor, m.gi, m.ci)
+                _mknod(caps / f"nvidia-cap{n}", prof.caps_major, n, 0o444)
+
+
+def _install_procfs(root: Path, prof: Profile) -> None:
+    proc = root / "proc/driver/nvidia"
+    _write(proc / "version", _version_file(prof), 0o444)
+    _write(proc / "params", PARAMS, 0o444)
+    _write(proc / "registry", 'Binary: ""\n', 0o444)
+    for g in prof.gpus:
+        d = proc / "gpus" / g.procfs_name
+        _write(d / "information", _information(prof, g), 0o444)
+        _write(d / "registry", 'Binary: ""\n', 0o444)
+        _write(d / "power", "Runtime D3 status:          Not supported\nVideo Memory:               Active\n", 0o444)
+        _write(d / "nvhook-sim", _sim_data(g), 0o444)
+    if prof.mig_capable:
+        caps = proc / "capabilities"
+        _write(caps / "mig/config", _cap_file(1, 256), 0o444)
+        _write(caps / "mig/monitor", _cap_file(2, 292), 0o444)
+        for g in prof.gpus:
+            for m in g.mig:
+                gdir = caps / f"gpu{g.minor}/mig/gi{m.gi}"
+                _write(gdir / "access", _cap_file(gi_minor(g.minor, m.gi), 292), 0o444)
+                _write(gdir / f"ci{m.ci}/access", _cap_file(ci_minor(g.minor, m.gi, m.ci), 292), 0o444)
+    _write(root / "proc/driver/nvidia-caps/mig-minors", mig_minors_file(), 0o444)
+    # Majors as the kernel lists them (tools read nvidia-uvm's and nvidia-caps' majors here).
+    _write(root / "proc/devices",
+           f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{prof.uvm_major} nvidia-uvm\n"
+           f"{prof.caps_major} nvidia-caps\n\nBlock devices:\n", 0o444)
+
+
+def _build(root: Path, prof: Profile) -> None:
+    libs, tools = build_artifacts(prof)
+    for d in ("etc", "tmp", "run", "usr/bin", "usr/lib/x86_64-linux-gnu"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(root / "tmp", 0o1777)
+    _install_glibc(root)
+    arches = _install_libraries(root, prof, libs)
+    for name, src in tools.items():
+        _copy(src, root / "usr/bin" / name, 0o755)
+    for fw in prof.firmware:
+        _write(root / f"lib/firmware/nvidia/{prof.driver_version}/{fw}",
+               f"nvhook simulated GSP firmware {fw} for driver {prof.driver_version}\n")
+    _install_devices(root, prof)
+    _install_procfs(root, prof)
+    if "nvidia-persistenced" in prof.binaries:
+        _unix_socket(root / "run/nvidia-persistenced/socket")
+    if "nv-fabricmanager" in prof.binaries:
+        _unix_socket(root / "run/nvidia-fabricmanager/socket")
+    _write(root / "etc/nvhook-sim/nvml.conf",
+           "# Test knobs of the simulated NVML (environment variables win):\n"
+           "#   delay_ms=N     nvmlInit sleeps N ms      (NVHOOK_SIM_NVML_DELAY_MS)\n"
+           "#   error=NAME|N   nvmlInit fails with it    (NVHOOK_SIM_NVML_ERROR), e.g. DRIVER_NOT_LOADED\n")
+    data = asdict(prof)
+    data["libraries"] = [asdict(s) for s in prof.libraries]
+    _write(root / "etc/nvhook-sim/profile.json", json.dumps(data, indent=2) + "\n")
+    _install_ldconf(root, arches)
+    r = subprocess.run(["ldconfig", "-r", str(root)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise NvhookError(f"ldconfig -r {root} failed: {r.stderr.strip().splitlines()[-1:]}")
+
+
+def create_host(dest: str | os.PathLike[str], profile: str | None = None,
+                profile_file: str | os.PathLike[str] | None = None) -> Path:
+    """Build a simulated GPU host at dest (which must not exist, or be an empty dir).
+    profile: a built-in profile name (default a100x8); profile_file: a JSON profile."""
+    if profile is not None and profile_file is not None:
+        raise NvhookError("give a profile name or a profile file, not both")
+    if profile_file is not None:
+        prof = profmod.load_file(profile_file)
+    else:
+        prof = profmod.load_profile(profile or profmod.DEFAULT_PROFILE)
+    dest = Path(os.path.abspath(dest))
+    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+        raise NvhookError(f"{dest} exists and is not an empty directory")
+    if not dest.parent.is_dir():
+        raise NvhookError(f"{dest.parent} is not a directory")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    # A driver root is world-readable whatever the caller's umask (containers may run as non-root).
+    old_umask = os.umask(0o022)
+    try:
+        os.chmod(tmp, 0o755)
+        _build(tmp, prof)
+        os.rename(tmp, dest)   # replaces an empty dest dir atomically
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.umask(old_umask)
+    return dest

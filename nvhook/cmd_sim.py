@@ -1,0 +1,46 @@
+"""nvhook sim: build simulated GPU hosts (and plain container rootfs dirs) for tests and demos.
+
+    nvhook sim profiles
+    nvhook sim create [--profile NAME | --profile-file FILE] DIR
+    nvhook sim rootfs [--layout debian|rpm] DIR
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    sub = parser.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
+    sub.add_parser("profiles", help="list the built-in profiles")
+    create = sub.add_parser("create", help="build a simulated GPU host (a driver root) in DIR")
+    which = create.add_mutually_exclusive_group()
+    which.add_argument("--profile", metavar="NAME", help="built-in profile (default a100x8)")
+    which.add_argument("--profile-file", metavar="FILE", help="JSON profile file")
+    create.add_argument("dir", metavar="DIR", help="where to build it (must not exist, or be empty)")
+    rootfs = sub.add_parser("rootfs", help="build a busybox+glibc container rootfs in DIR")
+    rootfs.add_argument("--layout", choices=("debian", "rpm"), default="debian",
+                        help="library layout: debian (lib/x86_64-linux-gnu) or rpm (lib64)")
+    rootfs.add_argument("dir", metavar="DIR")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.sim_command == "profiles":
+        from libinject.sim.profile import list_profiles, load_profile
+
+        names = list_profiles()
+        width = max(len(n) for n in names)
+        for n in names:
+            print(f"{n:<{width}}  {load_profile(n).summary()}")
+        return 0
+    if args.sim_command == "create":
+        from libinject.sim.build import create_host
+
+        path = create_host(args.dir, profile=args.profile, profile_file=args.profile_file)
+        print(path)
+        return 0
+    if args.sim_command == "rootfs":
+        from libinject.sim.rootfs import build_rootfs
+
+        print(build_rootfs(args.dir, lib_layout=args.layout))
+        return 0
+    return 2
