@@ -109,17 +109,53 @@ def mount_setattr(dirfd: int, path: str, flags: int, attr_set: int, attr_clr: in
            "mount_setattr", path)
 
 
+# fsopen / fsconfig / fsmount (new mount API) and statfs magic numbers
+FSOPEN_CLOEXEC = 0x1
+FSCONFIG_SET_FLAG = 0
+FSCONFIG_SET_STRING = 1
+FSCONFIG_CMD_CREATE = 6
+FSMOUNT_CLOEXEC = 0x1
+PROC_SUPER_MAGIC = 0x9FA0
+SYSFS_MAGIC = 0x62656572
+TMPFS_MAGIC = 0x01021994
+
+
+def fsopen(fsname: str, flags: int = FSOPEN_CLOEXEC) -> int:
+    return _check(lib.nv_fsopen(fsname.encode(), flags), "fsopen", fsname)
+
+
+def fsconfig(fd: int, cmd: int, key: str | None = None, value: str | None = None,
+             aux: int = 0) -> None:
+    _check(lib.nv_fsconfig(fd, cmd, _c(key), _c(value), aux), "fsconfig", key)
+
+
+def fsmount(fd: int, flags: int = FSMOUNT_CLOEXEC, attr_flags: int = 0) -> int:
+    return _check(lib.nv_fsmount(fd, flags, attr_flags), "fsmount")
+
+
+def fstatfs_type(fd: int) -> int:
+    """statfs(2) f_type of the filesystem holding fd (works on O_PATH fds)."""
+    return _check(lib.nv_fstatfs_type(fd), "fstatfs")
+
+
 def bpf_prog_load(prog_type: int, insns: bytes, license: str = "GPL") -> int:
     """Load a program from raw 8-byte instructions; the verifier log is in the error."""
     buf = ffi.new("char[]", insns)
-    log = ffi.new("char[]", 65536)
     lic = ffi.new("char[]", license.encode())
-    r = lib.nv_bpf_prog_load(prog_type, buf, len(insns) // 8, lic, log, 65536)
-    if r < 0:
-        msg = ffi.string(log).decode(errors="replace").strip().splitlines()
-        tail = f" ({msg[-1]})" if msg else ""
-        raise OSError(-r, f"bpf prog load: {os.strerror(-r)}{tail}")
-    return r
+    # No log on the first try: a log that overflows fails the load itself (ENOSPC),
+    # which happens for programs of a few hundred device rules.
+    r = lib.nv_bpf_prog_load(prog_type, buf, len(insns) // 8, lic, ffi.NULL, 0)
+    if r >= 0:
+        return r
+    log = ffi.new("char[]", 65536)
+    r2 = lib.nv_bpf_prog_load(prog_type, buf, len(insns) // 8, lic, log, 65536)
+    if r2 >= 0:
+        os.close(r2)
+    # the verifier's complaint is the last line before its "processed N insns" summary
+    msg = [ln for ln in ffi.string(log).decode(errors="replace").strip().splitlines()
+           if not ln.startswith("processed ")]
+    tail = f" ({msg[-1]})" if msg else ""
+    raise OSError(-r, f"bpf prog load: {os.strerror(-r)}{tail}")
 
 
 def bpf_prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int = 0,

@@ -1,0 +1,398 @@
+"""Let a running container open device nodes: cgroup v1 `devices.allow` and cgroup v2
+eBPF device programs (DESIGN.md §5).
+
+Finding the cgroup (as nvidia-container-cli does): the caller runs in the host's (or the
+runtime's) mount namespace. /proc/PID/cgroup and /proc/self/mountinfo both show cgroup
+paths relative to the *reader's* cgroup namespace root, so the container's directory is
+`mountpoint + (cgroup path - mount root)` for a mount of that hierarchy whose root
+contains the path. A path outside our cgroup namespace ("/../...") cannot be reached.
+
+On a hybrid host both can apply: the kernel checks the v1 `devices` controller *and*
+the eBPF programs attached on the unified hierarchy, so we handle each one that
+restricts the container:
+- v1: append "c MAJ:MIN rw" to devices.allow (one write per rule), only for rules
+  devices.list does not already cover; undo writes to devices.deny the access bits
+  that were added (so access the container had before is kept).
+- v2: for each BPF_CGROUP_DEVICE program attached to the container's cgroup, read its
+  translated instructions, prepend an allow block for our rules (libinject.bpf_devices),
+  load it and swap it in atomically with BPF_F_ALLOW_MULTI|BPF_F_REPLACE (non-multi
+  attachments are simply replaced by attaching again). Undo swaps the old programs back;
+  until then the Undo keeps them alive through their fds. If a runtime's program cannot
+  be reused (helper calls, maps), pass `oci_devices` (the bundle's
+  linux.resources.devices) to generate a complete program instead; without it that is an
+  error. Which was used: read-and-prepend whenever the program allows it (runc's,
+  crun's and systemd's device programs do: plain ctx loads, compares and jumps).
+
+`pid` is a pid in the caller's pid namespace (runc's createContainer hook state has the
+container-namespace pid 1: use the prestart/poststart pid, or /proc of the runtime).
+"""
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from libinject.edits import CgroupRule
+from libinject.errors import NvhookError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    mount_id: int
+    mountpoint: str
+    root: str            # the mount's root inside the hierarchy
+    fstype: str          # "cgroup" | "cgroup2"
+    controllers: frozenset[str]
+
+
+@dataclass
+class Undo:
+    """Restores the container's previous device access; call it at most once.
+    `release()` keeps the change and frees what the Undo holds (fds of old programs)."""
+    steps: list[Callable[[], None]] = field(default_factory=list)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    v1_dir: str | None = None      # what was changed, for callers and tests
+    v2_dir: str | None = None
+    v2_programs: int = 0
+
+    def __call__(self) -> None:
+        errors = []
+        for step in reversed(self.steps):
+            try:
+                step()
+            except (OSError, NvhookError) as e:   # keep undoing the rest
+                errors.append(e)
+        self.steps.clear()
+        self.release()
+        if errors:
+            raise NvhookError(f"cgroup undo failed: {errors[0]}")
+
+    undo = __call__   # apply_live calls undo.undo()
+
+    def release(self) -> None:
+        self.steps.clear()
+        for c in reversed(self.cleanups):
+            try:
+                c()
+            except OSError:
+                pass
+        self.cleanups.clear()
+
+    def __enter__(self) -> "Undo":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# -- finding the cgroup ----------------------------------------------------------------
+def _unescape(s: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo
+    if "\\" not in s:
+        return s
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 4 <= len(s) and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def cgroup_mounts(mountinfo: str) -> list[CgroupMount]:
+    mounts = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        f, r = left.split(), right.split()
+        if len(f) < 5 or len(r) < 3 or r[0] not in ("cgroup", "cgroup2"):
+            continue
+        ctrls = frozenset(r[2].split(",")) if r[0] == "cgroup" else frozenset()
+        mounts.append(CgroupMount(int(f[0]), _unescape(f[4]), _unescape(f[3]), r[0], ctrls))
+    return mounts
+
+
+def proc_cgroups(text: str) -> dict[str, str]:
+    """/proc/PID/cgroup -> {controller or name=X or "" (unified): path}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, ctrls, path = parts
+        if ctrls == "":
+            out[""] = path
+        for c in ctrls.split(","):
+            if c:
+                out[c] = path
+    return out
+
+
+Visible = Callable[[str, CgroupMount], bool]
+
+
+def _mount_visible(proc_root: str) -> Visible:
+    """Whether `path` really is reached through mount m: mountinfo also lists mounts
+    that are covered (e.g. the v1 hierarchies under a cgroup2 mounted on /sys/fs/cgroup
+    in a runtime's private namespace), so compare the mount id of what the path opens."""
+    def visible(path: str, m: CgroupMount) -> bool:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            with open(f"{proc_root}/self/fdinfo/{fd}") as f:
+                for line in f:
+                    if line.startswith("mnt_id:"):
+                        return int(line.split()[1]) == m.mount_id
+        finally:
+            os.close(fd)
+        return False
+    return visible
+
+
+def _resolve(path: str, mounts: Iterable[CgroupMount], visible: Visible) -> str | None:
+    """The directory of cgroup `path`: mountpoint + (path - mount root), through a
+    visible mount whose root holds the path (the deepest root first)."""
+    if path == "/.." or path.startswith("/../"):
+        raise NvhookError("the container's cgroup is outside this cgroup namespace")
+    cands = []
+    for m in mounts:
+        root = m.root.rstrip("/")
+        if root == "" or path == root or path.startswith(root + "/"):
+            cands.append((len(root), m))
+    for rootlen, m in sorted(cands, key=lambda c: -c[0]):
+        rel = path[rootlen:].lstrip("/")
+        d = os.path.join(m.mountpoint, rel) if rel else m.mountpoint
+        if visible(d, m):
+            return d
+    return None
+
+
+def find_cgroup_dirs(pid: int, *, proc_root: str = "/proc",
+                     visible: Visible | None = None) -> tuple[str | None, str | None]:
+    """(v1 devices dir, cgroup2 dir) of process pid as seen from our mount namespace;
+    None where there is none to change."""
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            cg = proc_cgroups(f.read())
+        with open(f"{proc_root}/self/mountinfo") as f:
+            mounts = cgroup_mounts(f.read())
+    except FileNotFoundError:
+        raise NvhookError(f"no such process: {pid}") from None
+    visible = visible or _mount_visible(proc_root)
+    v1 = v2 = None
+    if "devices" in cg:
+        v1 = _resolve(cg["devices"], [m for m in mounts if "devices" in m.controllers],
+                      visible)
+        # The root devices cgroup cannot be restricted, so a container left there (a
+        # v2 runtime on a hybrid host) needs nothing even where v1 is not mounted.
+        if v1 is None and cg["devices"] != "/":
+            raise NvhookError("the devices cgroup hierarchy is not mounted")
+    if "" in cg:
+        v2 = _resolve(cg[""], [m for m in mounts if m.fstype == "cgroup2"], visible)
+    return v1, v2
+
+
+# -- cgroup v1 -------------------------------------------------------------------------
+def _rule_line(r: CgroupRule) -> str:
+    return f"{r.type} {r.major}:{r.minor} {r.access}"
+
+
+def _v1_entries(listing: str) -> list[tuple[str, str, str, str]]:
+    out = []
+    for line in listing.splitlines():
+        try:
+            t, majmin, acc = line.split()
+            maj, mnr = majmin.split(":")
+        except ValueError:
+            continue
+        out.append((t, maj, mnr, acc))
+    return out
+
+
+def _covered(r: CgroupRule, entries: list[tuple[str, str, str, str]]) -> bool:
+    """Whether one devices.list entry already grants rule r (the kernel matches a
+    request against single entries). A default-allow cgroup lists only "a *:* rwm"
+    whatever its exceptions; we take it at its word."""
+    for t, maj, mnr, acc in entries:
+        if (t in ("a", r.type) and maj in ("*", str(r.major)) and mnr in ("*", str(r.minor))
+                and set(r.access) <= set(acc)):
+            return True
+    return False
+
+
+def _added_access(r: CgroupRule, entries: list[tuple[str, str, str, str]]) -> str:
+    """The access bits our write adds to the exact entry for r's device: undo denies
+    only these (a deny removes bits from the entry with exactly this type and number)."""
+    had = set()
+    for t, maj, mnr, acc in entries:
+        if (t, maj, mnr) == (r.type, str(r.major), str(r.minor)):
+            had |= set(acc)
+    return "".join(c for c in "rwm" if c in r.access and c not in had)
+
+
+def _write_v1(dfd: int, name: str, line: str) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _allow_v1(cgdir: str, rules: Sequence[CgroupRule], undo: Undo) -> None:
+    dfd = os.open(cgdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    undo.cleanups.append(lambda: os.close(dfd))
+    fd = os.open("devices.list", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+    with os.fdopen(fd) as f:
+        entries = _v1_entries(f.read())
+    for r in rules:
+        if _covered(r, entries):
+            continue
+        added = _added_access(r, entries)
+        try:
+            _write_v1(dfd, "devices.allow", _rule_line(r))
+        except OSError as e:
+            raise NvhookError(f"cannot allow device {r.major}:{r.minor} in {cgdir}: "
+                              f"{e.strerror}") from None
+        entries.append((r.type, str(r.major), str(r.minor), r.access))
+        deny = f"{r.type} {r.major}:{r.minor} {added}"
+        undo.steps.append(lambda deny=deny: _write_v1(dfd, "devices.deny", deny))
+        undo.v1_dir = cgdir
+
+
+# -- cgroup v2 -------------------------------------------------------------------------
+def _dev_rules(rules: Sequence[CgroupRule]):
+    from libinject.bpf_devices import DevRule
+    return [DevRule(r.type, r.major, r.minor, r.access) for r in rules]
+
+
+def _allow_v2(cgdir: str, rules: Sequence[CgroupRule], undo: Undo,
+              oci_devices: Sequence[Mapping[str, Any]] | None) -> None:
+    from libinject import bpf_devices as bd
+    from libinject import native as n
+
+    cgfd = os.open(cgdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    undo.cleanups.append(lambda: os.close(cgfd))
+    try:
+        ids, flags = n.bpf_prog_query(cgfd, n.BPF_CGROUP_DEVICE)
+    except OSError as e:
+        raise NvhookError(f"cannot query device programs of {cgdir}: {e.strerror}") from None
+    if not ids:
+        return   # nothing attached here: no v2 restriction to lift at this level
+    multi = bool(flags & n.BPF_F_ALLOW_MULTI)
+    if not multi and len(ids) > 1:
+        raise NvhookError(f"unexpected device programs in {cgdir}")
+    ours = _dev_rules(rules)
+
+    def keep(fd: int) -> int:
+        undo.cleanups.append(lambda: os.close(fd))
+        return fd
+
+    # Load every replacement first, so a verifier error changes nothing.
+    pairs: list[tuple[int, int]] = []
+    for pid_ in ids:
+        try:
+            old = keep(n.bpf_prog_get_fd_by_id(pid_))
+            insns = n.bpf_prog_get_insns(old)
+        except OSError as e:
+            if e.errno == errno.ENOENT:   # detached meanwhile
+                continue
+            raise NvhookError(f"cannot read device program {pid_}: {e.strerror}") from None
+        why = bd.reusable(insns)
+        if why is None:
+            prog = bd.prepend_allow(ours, insns)
+        elif oci_devices is not None:
+            # runc's order: the config's rules, then its default devices; ours last
+            prog = bd.program_from_rules(bd.rules_from_oci(oci_devices) +
+                                         list(bd.DEFAULT_ALLOWED) + ours)
+        else:
+            raise NvhookError(f"cannot extend the container's device program {pid_}: {why}")
+        try:
+            new = keep(n.bpf_prog_load(n.BPF_PROG_TYPE_CGROUP_DEVICE, prog))
+        except OSError as e:
+            raise NvhookError(f"cannot load device program: {e.strerror}") from None
+        pairs.append((old, new))
+
+    for old, new in pairs:
+        _swap(cgfd, old, new, flags, multi)
+        undo.steps.append(lambda old=old, new=new: _swap(cgfd, new, old, flags, multi))
+        undo.v2_programs += 1
+    undo.v2_dir = cgdir
+
+
+def _swap(cgfd: int, old: int, new: int, flags: int, multi: bool) -> None:
+    from libinject import native as n
+    try:
+        if multi:
+            n.bpf_prog_attach(cgfd, new, n.BPF_CGROUP_DEVICE,
+                              n.BPF_F_ALLOW_MULTI | n.BPF_F_REPLACE, old)
+        else:   # a single (non-multi) attachment is replaced by attaching again
+            n.bpf_prog_attach(cgfd, new, n.BPF_CGROUP_DEVICE, flags)
+    except OSError as e:
+        if not multi or e.errno != errno.EINVAL:
+            raise NvhookError(f"cannot attach device program: {e.strerror}") from None
+        # kernels without BPF_F_REPLACE: attach next to it, then detach the old one
+        try:
+            n.bpf_prog_attach(cgfd, new, n.BPF_CGROUP_DEVICE, n.BPF_F_ALLOW_MULTI)
+            n.bpf_prog_detach(cgfd, old, n.BPF_CGROUP_DEVICE)
+        except OSError as e2:
+            raise NvhookError(f"cannot attach device program: {e2.strerror}") from None
+
+
+# -- entry point -----------------------------------------------------------------------
+def allow_devices(pid: int, rules: Sequence[CgroupRule], *, proc_root: str = "/proc",
+                  oci_devices: Sequence[Mapping[str, Any]] | None = None) -> Undo:
+    """Let process pid's cgroup open the devices in `rules` (v1 and/or v2, whichever
+    restricts it). All or nothing: on failure what was changed is undone and
+    NvhookError raised. Returns an Undo; call it to restore the previous access, or
+    `.release()` it to keep the change."""
+    for r in rules:
+        if r.type not in ("c", "b") or not set(r.access) <= set("rwm") or not r.access:
+            raise NvhookError(f"bad cgroup rule: {r.type} {r.major}:{r.minor} {r.access}")
+    undo = Undo()
+    if not rules:
+        return undo
+    v1, v2 = find_cgroup_dirs(pid, proc_root=proc_root)
+    try:
+        if v1 is not None:
+            _allow_v1(v1, rules, undo)
+        if v2 is not None:
+            _allow_v2(v2, rules, undo, oci_devices)
+    except BaseException:
+        try:
+            undo()
+        except NvhookError:
+            pass   # report the first failure, not the rollback's
+        raise
+    return undo
+
+
+def create_dev_char_links(nodes: Iterable[tuple[str, int, int]], *,
+                          dev_root: str = "/dev") -> list[Path]:
+    """Create `<dev_root>/char/MAJ:MIN -> ../<node>` for host device nodes that lack one
+    (as `nvidia-ctk system create-dev-char-symlinks` does): systemd's cgroup driver
+    re-applies DeviceAllow=/dev/char/MAJ:MIN rules on daemon-reload and drops devices
+    it cannot resolve, taking GPUs away from running containers. Returns created links;
+    existing entries are left alone."""
+    from pathlib import Path   # not needed on the hook's path
+
+    made = []
+    chardir = Path(dev_root) / "char"
+    chardir.mkdir(mode=0o755, exist_ok=True)
+    for node, major, minor in nodes:
+        link = chardir / f"{major}:{minor}"
+        if os.path.lexists(link):
+            continue
+        rel = os.path.relpath(os.path.join(dev_root, node.removeprefix("/dev/").lstrip("/")),
+                              chardir)
+        os.symlink(rel, link)
+        made.append(link)
+    return made
