@@ -1,0 +1,86 @@
+"""`nvhook configure` flags -> Request (pure: no I/O).
+
+Meanings as nvidia-container-cli's configure: --device and --mig-* values joined with
+","; no --device = driver only (no GPU); capability flags as given (none = no driver
+libraries or binaries); --require repeatable; @PATH for --ldconfig = a host path.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Mapping
+
+from libinject.errors import NvhookError
+from libinject.request import Request
+
+CAPABILITY_FLAGS = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
+COMPAT_MODES = ("mount", "ldconfig", "disabled")
+DEFAULT_LDCONFIG = "@/sbin/ldconfig"
+# The only host env configure takes into the plan (upstream reads it with getenv()).
+ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY",)
+
+
+def _join(values: list[str] | None) -> str | None:
+    if not values:
+        return None
+    return ",".join(values)
+
+
+def parse_user(spec: str | None) -> tuple[int, int] | None:
+    """--user UID[:GID] (numeric, as nvidia-container-cli's str_to_ugid for ids)."""
+    if spec is None or spec == "":
+        return None
+    uid_s, _, gid_s = spec.partition(":")
+    try:
+        uid = int(uid_s)
+        gid = int(gid_s) if gid_s else uid
+    except ValueError:
+        raise NvhookError(f"input error: invalid user: {spec}") from None
+    if uid < 0 or gid < 0:
+        raise NvhookError(f"input error: invalid user: {spec}")
+    return uid, gid
+
+
+def check_rootfs(rootfs: str) -> str:
+    if not rootfs.startswith("/") or rootfs.rstrip("/") == "":
+        raise NvhookError("input error: invalid rootfs directory")
+    return rootfs
+
+
+def check_pid(pid: str | int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        n = int(pid)
+    except (TypeError, ValueError):
+        raise NvhookError(f"input error: invalid pid: {pid}") from None
+    if n <= 0:
+        raise NvhookError(f"input error: invalid pid: {pid}")
+    return n
+
+
+def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Request:
+    """The Request a configure command line asks for."""
+    caps = frozenset(c for c in CAPABILITY_FLAGS if getattr(args, c.replace("-", "_"), False))
+    mode = getattr(args, "cuda_compat_mode", None) or "ldconfig"
+    if mode not in COMPAT_MODES:
+        raise NvhookError(f"input error: invalid cuda-compat-mode: {mode} (one of {', '.join(COMPAT_MODES)})")
+    ldconfig = getattr(args, "ldconfig", None) or DEFAULT_LDCONFIG
+    devices = _join(getattr(args, "device", None))
+    return Request(
+        devices=devices if devices is not None else "none",
+        capabilities=caps,
+        requirements=tuple(getattr(args, "require", None) or ()),
+        disable_require=False,
+        mig_config=_join(getattr(args, "mig_config", None)),
+        mig_monitor=_join(getattr(args, "mig_monitor", None)),
+        imex_channels=_join(getattr(args, "imex_channel", None)),
+        no_cgroups=bool(getattr(args, "no_cgroups", False)),
+        no_devbind=bool(getattr(args, "no_devbind", False)),
+        no_persistenced=bool(getattr(args, "no_persistenced", False)),
+        no_fabricmanager=bool(getattr(args, "no_fabricmanager", False)),
+        no_gsp_firmware=bool(getattr(args, "no_gsp_firmware", False)),
+        cuda_compat_mode=mode,
+        ldconfig=ldconfig,
+        user=parse_user(getattr(args, "user", None)),
+        env={k: v for k, v in (env or {}).items() if k in ENV_KEYS},
+    )
