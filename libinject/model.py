@@ -37,6 +37,7 @@ class Gpu:
     memory_total: int     # bytes
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    mig_capable: bool = False   # NVML answers the MIG mode query (nvidia-container-cli: mig-config/monitor need it)
 
     @property
     def procfs_name(self) -> str:
@@ -101,5 +102,6 @@ class Driver:
     gpu_devices: tuple[DeviceNode, ...] = ()       # /dev/nvidia<minor>, in GPU index order
     mig_minors: dict[str, int] = field(default_factory=dict)  # "gpu0/gi1/ci0/access" -> minor; "config", "monitor"
     imex_channels: tuple[DeviceNode, ...] = ()
+    cap_devices: tuple[DeviceNode, ...] = ()       # /dev/nvidia-caps/nvidia-cap<N> present on the host, by minor
     procfs_dir: str = ""                           # host path of proc/driver/nvidia
     library_source: str = ""                       # "ldcache <path>" or "search <dirs>": how libraries were found

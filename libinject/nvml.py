@@ -1,0 +1,228 @@
+"""Ask NVML about the driver and its GPUs, in a child process that cannot hurt the host.
+
+The parent (query()) runs this file as a script: `python -I nvml.py LIBPATH` with an
+explicit environment, optionally as another user, and a timeout. The child loads the
+driver root's libnvidia-ml.so.1 by path (never the default search path), drops its
+capabilities and sets no-new-privs before touching the library, and prints a JSON
+DriverInfo (or {"error": ...}). A hung driver is killed, not waited for.
+
+The child imports nothing from libinject (start-up time, and a smaller surface).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# nvidia-container-cli's names for nvmlBrandType_t (src/driver.c).
+BRANDS = {
+    1: "Quadro", 2: "Tesla", 3: "NVS", 4: "GRID", 5: "GeForce", 6: "TITAN",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
+    11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia",
+    15: "GeForceRTX", 16: "TitanRTX",
+}
+
+
+def architecture(cc: tuple[int, int]) -> str:
+    """Architecture name from the CUDA compute capability."""
+    major, minor = cc
+    if major == 7:
+        return "Turing" if minor >= 5 else "Volta"
+    if major == 8:
+        return "Ada" if minor >= 9 else "Ampere"
+    return {1: "Tesla", 2: "Fermi", 3: "Kepler", 5: "Maxwell", 6: "Pascal",
+            9: "Hopper", 10: "Blackwell", 12: "Blackwell"}.get(major, "Unknown")
+
+
+# ----------------------------------------------------------------------------- child
+
+def _drop_privileges(user: tuple[int, int] | None = None) -> None:
+    """Become `user` (if given), then no-new-privs and empty bounding, ambient,
+    effective, permitted and inheritable capability sets."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if user is not None:
+        os.setgroups([])
+        os.setresgid(user[1], user[1], user[1])
+        os.setresuid(user[0], user[0], user[0])
+    PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 24, 47, 4
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if os.geteuid() == 0:
+        for cap in range(64):
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+                break  # EINVAL: past the last capability the kernel knows
+    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()              # two {effective, permitted, inheritable}
+    if libc.capset(hdr, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _child(libpath: str, user: tuple[int, int] | None) -> dict:
+    import ctypes
+
+    # Python and pynvml are loaded while we may still read them; the driver's
+    # library is loaded only after privileges are gone (nvidia-container-cli does
+    # the same: drop to the user, then dlopen NVML).
+    import pynvml
+
+    _drop_privileges(user)
+
+    try:
+        lib = ctypes.CDLL(libpath, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        return {"error": f"cannot load {libpath}: {e}"}
+    pynvml.nvmlLib = lib  # pynvml would otherwise dlopen("libnvidia-ml.so.1") from the search path
+    try:
+        fn = pynvml._nvmlGetFunctionPointer("nvmlInit_v2")
+        pynvml._nvmlCheckReturn(fn())
+        try:
+            return _query(pynvml)
+        finally:
+            try:
+                pynvml._nvmlGetFunctionPointer("nvmlShutdown")()
+            except Exception:
+                pass
+    except pynvml.NVMLError as e:
+        return {"error": str(e)}
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _query(nv) -> dict:
+    cuda = nv.nvmlSystemGetCudaDriverVersion()
+    out = {
+        "driver_version": _s(nv.nvmlSystemGetDriverVersion()),
+        "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}",
+        "gpus": [],
+    }
+    for i in range(nv.nvmlDeviceGetCount()):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        pci = nv.nvmlDeviceGetPciInfo_v3(h)
+        cc = tuple(nv.nvmlDeviceGetCudaComputeCapability(h))
+        name = _s(nv.nvmlDeviceGetName(h))
+        # nvidia-container-cli: MIG capable = the MIG mode query works; enabled = current and pending on.
+        mig_capable = mig_enabled = False
+        try:
+            current, pending = nv.nvmlDeviceGetMigMode(h)
+            mig_capable = True
+            mig_enabled = current == 1 and current == pending
+        except nv.NVMLError as e:
+            if e.value not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                raise
+        migs = []
+        if mig_enabled:
+            for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+                try:
+                    m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+                except nv.NVMLError as e:
+                    if e.value == nv.NVML_ERROR_NOT_FOUND:
+                        break  # as nvidia-container-cli: the first gap ends the list
+                    raise
+                mname = _s(nv.nvmlDeviceGetName(m))
+                migs.append({
+                    "index": j,
+                    "uuid": _s(nv.nvmlDeviceGetUUID(m)),
+                    "gi": nv.nvmlDeviceGetGpuInstanceId(m),
+                    "ci": nv.nvmlDeviceGetComputeInstanceId(m),
+                    # "NVIDIA A100-SXM4-80GB MIG 3g.40gb" -> "3g.40gb"
+                    "name": mname.rsplit("MIG ", 1)[-1] if "MIG " in mname else mname,
+                    "memory_total": int(nv.nvmlDeviceGetMemoryInfo(m).total),
+                })
+        out["gpus"].append({
+            "index": i,
+            "minor": nv.nvmlDeviceGetMinorNumber(h),
+            "uuid": _s(nv.nvmlDeviceGetUUID(h)),
+            "name": name,
+            "brand": BRANDS.get(nv.nvmlDeviceGetBrand(h), "Unknown"),
+            "bus_id": f"{pci.domain:08x}:{pci.bus:02x}:{pci.device:02x}.0",
+            "cc": list(cc),
+            "architecture": architecture(cc),
+            "memory_total": int(nv.nvmlDeviceGetMemoryInfo(h).total),
+            "mig_capable": mig_capable,
+            "mig_enabled": mig_enabled,
+            "mig_devices": migs,
+        })
+    return out
+
+
+def _child_main() -> int:
+    try:
+        user = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else None
+        result = _child(sys.argv[1], user)
+    except Exception as e:  # one line back to the parent, whatever went wrong
+        result = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write(json.dumps(result))
+    sys.stdout.flush()
+    return 0
+
+
+# ----------------------------------------------------------------------------- parent
+
+def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, int] | None = None,
+          env: dict[str, str] | None = None):
+    """DriverInfo from NVML at `libpath` (a host path inside `root`), via a child process."""
+    import signal
+    import subprocess
+
+    from libinject import model
+    from libinject.errors import NvhookError
+
+    child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    child_env.update(env or {})
+    argv = [sys.executable, "-I", os.path.abspath(__file__), libpath]
+    if user is not None:
+        argv += [str(int(user[0])), str(int(user[1]))]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=child_env, cwd="/", close_fds=True, start_new_session=True)
+    except OSError as e:
+        raise NvhookError(f"NVML on driver root {root}: cannot start query process: {e.strerror}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise NvhookError(f"NVML on driver root {root} did not answer within {timeout:g}s (driver hung?)") from None
+    try:
+        data = json.loads(out or b"null")
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        last = (err.decode(errors="replace").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise NvhookError(f"NVML on driver root {root} failed: {last}")
+    if "error" in data:
+        raise NvhookError(f"NVML on driver root {root} failed: {data['error']}")
+    return info_from_dict(data)
+
+
+def info_from_dict(d: dict):
+    from libinject import model
+
+    return model.DriverInfo(
+        driver_version=d["driver_version"],
+        cuda_version=d["cuda_version"],
+        gpus=tuple(
+            model.Gpu(
+                index=g["index"], minor=g["minor"], uuid=g["uuid"], name=g["name"], brand=g["brand"],
+                bus_id=g["bus_id"], cc=tuple(g["cc"]), architecture=g["architecture"],
+                memory_total=g["memory_total"], mig_enabled=g["mig_enabled"],
+                mig_capable=g.get("mig_capable", False),
+                mig_devices=tuple(model.MigDevice(**m) for m in g["mig_devices"]),
+            )
+            for g in d["gpus"]
+        ),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

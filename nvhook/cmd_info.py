@@ -1,0 +1,79 @@
+"""`nvhook info`: the driver and GPUs of the host, as `nvidia-container-cli info` prints them."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="output in CSV format")
+    fmt.add_argument("--json", action="store_true", help="output JSON")
+
+
+def driver_from_args(args: argparse.Namespace):
+    """discover() with the global options, falling back to the config file."""
+    from libinject import config as C
+    from libinject.cli_request import parse_user
+    from libinject.discover import discover
+
+    cfg = C.load(getattr(args, "config", None))
+    cli, nv = cfg.cli, cfg.nvhook
+    return discover(
+        getattr(args, "root", None) or cli.root or "/",
+        ldcache=getattr(args, "ldcache", None) or cli.ldcache or None,
+        dev_root=nv.dev_root or None,
+        nvml_timeout=nv.nvml_timeout,
+        user=parse_user(getattr(args, "user", None) or cli.user or None),
+        snapshot=nv.snapshot,
+        snapshot_dir=nv.snapshot_dir or None,
+    )
+
+
+def render_text(info) -> str:
+    row = "{:<15} {}\n"
+    out = [row.format("NVRM version:", info.driver_version), row.format("CUDA version:", info.cuda_version)]
+    for g in info.gpus:
+        out.append("\n")
+        for label, value in (("Device Index:", g.index), ("Device Minor:", g.minor), ("Model:", g.name),
+                             ("Brand:", g.brand), ("GPU UUID:", g.uuid), ("Bus Location:", g.bus_id),
+                             ("Architecture:", f"{g.cc[0]}.{g.cc[1]}")):
+            out.append(row.format(label, value))
+        # nvidia-container-cli prints no MIG devices; ours follow their GPU, same layout.
+        for m in g.mig_devices:
+            out.append(row.format("MIG Device:", f"{g.index}:{m.index} {m.uuid} {m.name} (GI {m.gi}, CI {m.ci})"))
+    return "".join(out)
+
+
+def render_csv(info) -> str:
+    out = [f"NVRM version,CUDA version\n{info.driver_version},{info.cuda_version}\n",
+           "\nDevice Index,Device Minor,Model,Brand,GPU UUID,Bus Location,Architecture\n"]
+    for g in info.gpus:
+        out.append(f"{g.index},{g.minor},{g.name},{g.brand},{g.uuid},{g.bus_id},{g.cc[0]}.{g.cc[1]}\n")
+    migs = [(g, m) for g in info.gpus for m in g.mig_devices]
+    if migs:
+        out.append("\nDevice Index,MIG Index,MIG UUID,Profile,GPU Instance,Compute Instance\n")
+        for g, m in migs:
+            out.append(f"{g.index},{m.index},{m.uuid},{m.name},{m.gi},{m.ci}\n")
+    return "".join(out)
+
+
+def render_json(driver) -> str:
+    import dataclasses
+    import json
+
+    info = dataclasses.asdict(driver.info)
+    info = {"root": driver.root, **info}
+    return json.dumps(info, indent=2) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    driver = driver_from_args(args)
+    if args.json:
+        sys.stdout.write(render_json(driver))
+    elif args.csv:
+        sys.stdout.write(render_csv(driver.info))
+    else:
+        sys.stdout.write(render_text(driver.info))
+    return 0

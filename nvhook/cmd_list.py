@@ -1,0 +1,148 @@
+"""`nvhook list`: the files and devices a container would get, as `nvidia-container-cli list`.
+
+Text: one path per line, as seen from the driver root ("/usr/lib/...", "/dev/nvidia0"),
+in nvidia-container-cli's order: driver device nodes, GPU nodes, MIG access files and
+nodes, IMEX channels, MIG config/monitor, binaries, libraries, 32-bit libraries, IPC,
+firmware. --json: the same items with host paths and details.
+"""
+from __future__ import annotations
+
+import argparse
+
+MIG_CAPS = "/proc/driver/nvidia/capabilities"
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    a = parser.add_argument
+    a("-d", "--device", action="append", metavar="IDS", help="device UUID(s), index(es), bus ids, MIG ids to list")
+    a("-l", "--libraries", action="store_true", help="list driver libraries")
+    a("-b", "--binaries", action="store_true", help="list driver binaries")
+    a("-i", "--ipcs", action="store_true", help="list driver IPCs")
+    a("-f", "--firmwares", action="store_true", help="list driver firmwares")
+    a("--compat32", action="store_true", help="include 32-bit libraries")
+    a("--mig-config", action="append", metavar="IDS", help="MIG devices to list config capabilities files for")
+    a("--mig-monitor", action="append", metavar="IDS", help="MIG devices to list monitor capabilities files for")
+    a("--imex-channel", action="append", metavar="IDS", help="IMEX channel id(s) to list")
+    a("--no-persistenced", action="store_true", help="leave out the nvidia-persistenced socket")
+    a("--no-fabricmanager", action="store_true", help="leave out the nvidia-fabricmanager socket")
+    a("--no-gsp-firmware", action="store_true", help="leave out GSP firmware")
+    a("--json", action="store_true", help="output JSON with host paths and details")
+
+
+def _join(values: list[str] | None) -> str | None:
+    return ",".join(values) if values else None
+
+
+def items(driver, args: argparse.Namespace) -> list[dict]:
+    """What `list` shows, in order: dicts with kind, path (inside the root), host_path."""
+    from libinject import libraries as L
+    from libinject import select as S
+    from libinject.discover import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
+
+    devices, mig_config, mig_monitor = _join(args.device), _join(args.mig_config), _join(args.mig_monitor)
+    imex = _join(args.imex_channel)
+    libs, bins, ipcs, fw, compat32 = args.libraries, args.binaries, args.ipcs, args.firmwares, args.compat32
+    if not any((devices, mig_config, mig_monitor, libs, bins, ipcs, fw)):
+        # No selection: everything, for all devices (as nvidia-container-cli list).
+        devices, libs, bins, ipcs, fw, compat32 = "all", True, True, True, True, True
+    if args.no_gsp_firmware:
+        fw = False
+
+    info = driver.info
+    selected = S.select(info, devices) if devices is not None else []
+    cfg_gpus = S.mig_caps_gpus(mig_config, devices, selected, "mig-config")
+    mon_gpus = S.mig_caps_gpus(mig_monitor, devices, selected, "mig-monitor")
+    channels = S.imex_channels(driver, imex)
+    caps = {n.minor: n for n in driver.cap_devices}
+    minors = driver.mig_minors
+    out: list[dict] = []
+
+    def node(n, kind="device", **extra):
+        out.append({"kind": kind, "path": n.container_path, "host_path": n.path, "major": n.major,
+                    "minor": n.minor, "capability": n.capability, **extra})
+
+    def cap_node(minor: int | None, **extra):
+        if minor is None:
+            return
+        n = caps.get(minor)
+        host = n.path if n else None
+        out.append({"kind": "mig-device", "path": f"/dev/nvidia-caps/nvidia-cap{minor}", "host_path": host,
+                    "major": n.major if n else None, "minor": minor, **extra})
+
+    def proc(path: str, **extra):
+        out.append({"kind": "mig-proc", "path": path, "host_path": driver.dev_root.rstrip("/") + path, **extra})
+
+    if devices is not None:
+        for n in driver.control_devices:
+            node(n)
+        nodes = {n.container_path: n for n in driver.gpu_devices}
+        for g in S.gpus_of(selected):
+            n = nodes.get(f"/dev/nvidia{g.minor}")
+            if n:
+                node(n, kind="gpu-device", gpu=g.index, uuid=g.uuid)
+        if not cfg_gpus and not mon_gpus:
+            for g, m in S.migs_of(selected):
+                gi = f"{MIG_CAPS}/gpu{g.minor}/mig/gi{m.gi}"
+                ci = f"{gi}/ci{m.ci}"
+                who = {"gpu": g.index, "mig": m.index, "uuid": m.uuid}
+                proc(f"{gi}/access", **who)
+                proc(f"{ci}/access", **who)
+                cap_node(m.gi_access_minor, **who)
+                cap_node(m.ci_access_minor, **who)
+    for n in channels:
+        node(n, kind="imex-channel")
+    for gpus, what in ((cfg_gpus, "config"), (mon_gpus, "monitor")):
+        if not gpus:
+            continue
+        proc(f"{MIG_CAPS}/mig/{what}", mig=what)
+        cap_node(minors.get(what), mig=what)
+        for g in gpus:
+            proc(f"{MIG_CAPS}/gpu{g.minor}/mig", mig=what, gpu=g.index)
+            out.append({"kind": "mig-dir", "path": "/dev/nvidia-caps",
+                        "host_path": driver.dev_root.rstrip("/") + "/dev/nvidia-caps", "mig": what})
+            for key, minor in minors.items():
+                if key.startswith(f"gpu{g.minor}/"):
+                    cap_node(minor, mig=what, gpu=g.index, name=key)
+    if bins:
+        for b in driver.binaries:
+            out.append({"kind": "binary", "path": L.inside(driver.root, b.path), "host_path": b.path,
+                        "capability": b.capability})
+    if libs:
+        for want32 in (False, True):
+            if want32 and not compat32:
+                continue
+            for lib in driver.libraries:
+                if lib.compat32 == want32:
+                    out.append({"kind": "library", "path": L.inside(driver.root, lib.path), "host_path": lib.path,
+                                "soname": lib.soname, "capability": lib.capability, "arch": lib.arch,
+                                "extra": lib.extra})
+    if ipcs:
+        for f in driver.ipcs:
+            if args.no_persistenced and f.container_path == PERSISTENCED_SOCKET:
+                continue
+            if args.no_fabricmanager and f.container_path == FABRICMANAGER_SOCKET:
+                continue
+            out.append({"kind": "ipc", "path": L.inside(driver.root, f.path), "host_path": f.path,
+                        "capability": f.capability})
+    if fw:
+        for f in driver.firmware:
+            out.append({"kind": "firmware", "path": f.container_path, "host_path": f.path})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from nvhook.cmd_info import driver_from_args
+
+    driver = driver_from_args(args)
+    listed = items(driver, args)
+    if args.json:
+        doc = {"root": driver.root, "dev_root": driver.dev_root, "driver_version": driver.info.driver_version,
+               "cuda_version": driver.info.cuda_version, "library_source": driver.library_source,
+               "items": listed}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write("".join(f"{i['path']}\n" for i in listed))
+    return 0

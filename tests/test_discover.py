@@ -1,0 +1,345 @@
+"""Discovery on simulated hosts: NVML in a child, libraries, snapshots, selection."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from libinject import select as S
+from libinject.discover import discover
+from libinject.errors import NvhookError
+from libinject.sim.profile import list_profiles
+
+PROFILES = list_profiles()
+
+
+def profile_of(root: Path) -> dict:
+    return json.loads((root / "etc/nvhook-sim/profile.json").read_text())
+
+
+def compile_lib(path: Path, soname: str, m32: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / ".extra.c"
+    src.write_text("int extra_fn(void) { return 1; }\n")
+    subprocess.run(["gcc", *(["-m32"] if m32 else []), "-shared", "-fPIC", "-nostdlib",
+                    f"-Wl,-soname,{soname}", "-o", str(path), str(src)], check=True)
+    src.unlink()
+
+
+def ldconfig(root: Path) -> None:
+    subprocess.run(["ldconfig", "-r", str(root)], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_discover_matches_profile(sim_host, profile):
+    root = sim_host(profile)
+    prof = profile_of(root)
+    d = discover(str(root), snapshot=False)
+    ver = prof["driver_version"]
+    assert (d.info.driver_version, d.info.cuda_version) == (ver, prof["cuda_version"])
+    want = sorted(prof["gpus"], key=lambda g: g["bus_id"])
+    assert [g.uuid for g in d.info.gpus] == [g["uuid"] for g in want]
+    for i, (g, w) in enumerate(zip(d.info.gpus, want)):
+        assert (g.index, g.minor, g.name, g.brand, g.bus_id, list(g.cc), g.architecture) == \
+               (i, w["minor"], w["name"], w["brand"], w["bus_id"].lower(), w["cc"], w["architecture"])
+        assert g.memory_total == w["memory_mib"] << 20
+        assert (g.mig_capable, g.mig_enabled) == (w["mig_capable"], w["mig_enabled"])
+        assert [(m.uuid, m.gi, m.ci, m.name) for m in g.mig_devices] == \
+               [(m["uuid"], m["gi"], m["ci"], m["name"]) for m in w["mig"]]
+        for m in g.mig_devices:
+            assert m.gi_access_minor == d.mig_minors[f"gpu{g.minor}/gi{m.gi}/access"]
+            assert m.ci_access_minor == d.mig_minors[f"gpu{g.minor}/gi{m.gi}/ci{m.ci}/access"]
+    assert d.library_source == f"ldcache {root}/etc/ld.so.cache"
+    native = {lib.name for lib in d.libraries if not lib.compat32}
+    i386 = {lib.name for lib in d.libraries if lib.compat32}
+    assert native == {f"{lib['name']}.so.{ver}" for lib in prof["libraries"]}
+    assert i386 == ({f"{lib['name']}.so.{ver}" for lib in prof["libraries"] if lib["i386"]}
+                    if prof["compat32"] else set())
+    for lib in d.libraries:
+        assert lib.path.startswith(str(root) + "/") and os.path.isfile(lib.path)
+        assert lib.path.endswith(ver)
+    caps = {f"{lib['name']}.so.{ver}": lib["capability"] for lib in prof["libraries"]}
+    assert all(lib.capability == caps[lib.name] for lib in d.libraries)
+    assert [b.container_path for b in d.binaries] == [
+        f"/usr/bin/{b}" for b in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager",
+                                  "nvidia-cuda-mps-control", "nvidia-cuda-mps-server") if b in prof["binaries"]]
+    assert [f.container_path for f in d.firmware] == [f"/lib/firmware/nvidia/{ver}/{n}" for n in sorted(prof["firmware"])]
+    ctl = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] + (["/dev/nvidia-modeset"] if prof["modeset"] else [])
+    assert [n.container_path for n in d.control_devices] == ctl
+    assert d.control_devices[0].major == 195 and d.control_devices[0].minor == 255
+    assert [(n.container_path, n.minor) for n in d.gpu_devices] == [(f"/dev/nvidia{w['minor']}", w["minor"]) for w in want]
+    assert d.procfs_dir == f"{root}/proc/driver/nvidia"
+
+
+def test_extra_library_and_version_filter(fresh_sim_host, tmp_path):
+    root = fresh_sim_host("a100x8")
+    ver = profile_of(root)["driver_version"]
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    compile_lib(lib / f"libnvidia-foo.so.{ver}", "libnvidia-foo.so.1")
+    compile_lib(lib / f"libnvidia-vulkan-thing.so.{ver}", "libnvidia-vulkan-thing.so.1")
+    compile_lib(lib / "libnvidia-bar.so.535.1.2", "libnvidia-bar.so.1")          # another version
+    compile_lib(lib / "libnvidia-old.so.1", "libnvidia-old.so.1")                # no version at all
+    ldconfig(root)
+    d = discover(str(root), snapshot=False)
+    extra = {x.name: x for x in d.libraries if x.extra}
+    assert set(extra) == {f"libnvidia-foo.so.{ver}", f"libnvidia-vulkan-thing.so.{ver}",
+                          f"libnvidia-sandboxutils.so.{ver}"}
+    assert extra[f"libnvidia-foo.so.{ver}"].capability == "utility"
+    assert extra[f"libnvidia-foo.so.{ver}"].soname == "libnvidia-foo.so.1"
+    assert extra[f"libnvidia-vulkan-thing.so.{ver}"].capability == "graphics"
+    assert not any("bar" in x.name or "old" in x.name for x in d.libraries)
+
+
+def test_other_version_of_a_listed_library_is_skipped(fresh_sim_host):
+    root = fresh_sim_host("t4x1")
+    ver = profile_of(root)["driver_version"]
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    # A leftover libcuda of another driver sorted first in the cache must not win.
+    (lib / f"libcuda.so.{ver}").unlink()
+    (lib / "libcuda.so.1").unlink()
+    compile_lib(lib / "libcuda.so.470.1.1", "libcuda.so.1")
+    ldconfig(root)
+    d = discover(str(root), snapshot=False)
+    assert not any(x.name.startswith("libcuda.so") and not x.compat32 for x in d.libraries)
+
+
+def _move_libs(root: Path, src: str, dst: str, keep=lambda n: False) -> None:
+    (root / dst).mkdir(parents=True, exist_ok=True)
+    for p in sorted((root / src).iterdir()):
+        if not keep(p.name):
+            shutil.move(str(p), str(root / dst / p.name))
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupt", "no-driver-entries"])
+def test_no_usable_ldcache_searches_nonstandard_dirs(fresh_sim_host, how):
+    root = fresh_sim_host("a100x8")
+    ver = profile_of(root)["driver_version"]
+    # Drivers unpacked under /usr/local/nvidia (GKE style). NVML stays in lib64, where
+    # the simulated NVML can still work out its root from its own path.
+    _move_libs(root, "usr/lib/x86_64-linux-gnu", "usr/lib64", keep=lambda n: not n.startswith("libnvidia-ml"))
+    _move_libs(root, "usr/lib/x86_64-linux-gnu", "usr/local/nvidia/lib64")
+    _move_libs(root, "usr/lib/i386-linux-gnu", "usr/local/nvidia/lib")
+    cache = root / "etc/ld.so.cache"
+    if how == "missing":
+        cache.unlink()
+    elif how == "corrupt":
+        cache.write_bytes(cache.read_bytes()[:100])
+    else:
+        (root / "etc/ld.so.conf.d").rename(root / "etc/ld.so.conf.d.off")
+        (root / "etc/ld.so.conf").write_text("")
+        ldconfig(root)
+    d = discover(str(root), snapshot=False)
+    assert d.library_source.startswith("search ")
+    assert "/usr/local/nvidia/lib64" in d.library_source and "/usr/lib64" in d.library_source
+    assert len(d.info.gpus) == 8
+    names = {x.name: x for x in d.libraries if not x.compat32}
+    assert names[f"libcuda.so.{ver}"].path == f"{root}/usr/local/nvidia/lib64/libcuda.so.{ver}"
+    assert names[f"libcuda.so.{ver}"].soname == "libcuda.so.1"
+    assert names[f"libnvidia-ml.so.{ver}"].path == f"{root}/usr/lib64/libnvidia-ml.so.{ver}"
+    i386 = [x for x in d.libraries if x.compat32]
+    assert i386 and all(x.path.startswith(f"{root}/usr/local/nvidia/lib/") for x in i386)
+    if how != "missing":
+        # Asked for explicitly, a cache without driver entries (or a broken one) is an error.
+        with pytest.raises(NvhookError, match="ld.so.cache"):
+            discover(str(root), ldcache="/etc/ld.so.cache", snapshot=False)
+
+
+def test_rpm_layout_without_cache(fresh_sim_host):
+    root = fresh_sim_host("t4x1")
+    _move_libs(root, "usr/lib/x86_64-linux-gnu", "usr/lib64")
+    _move_libs(root, "usr/lib/i386-linux-gnu", "usr/lib")
+    (root / "etc/ld.so.cache").unlink()
+    d = discover(str(root), snapshot=False)
+    assert d.library_source.startswith("search /usr/lib:/usr/lib64")
+    assert all(x.path.startswith(f"{root}/usr/lib64/") for x in d.libraries if not x.compat32)
+    assert all(x.path.startswith(f"{root}/usr/lib/") for x in d.libraries if x.compat32)
+
+
+# ----------------------------------------------------------------------------- NVML failures
+
+def _knob(root: Path, text: str) -> None:
+    (root / "etc/nvhook-sim/nvml.conf").write_text(text)
+
+
+def test_nvml_error_is_one_clear_line(fresh_sim_host):
+    root = fresh_sim_host("t4x1")
+    _knob(root, "error = DRIVER_NOT_LOADED\n")
+    with pytest.raises(NvhookError) as e:
+        discover(str(root), snapshot=False)
+    msg = str(e.value)
+    assert str(root) in msg and "Driver Not Loaded" in msg and "\n" not in msg
+
+
+def test_hung_nvml_is_killed_at_the_timeout(fresh_sim_host):
+    root = fresh_sim_host("t4x1")
+    _knob(root, "delay_ms = 30000\n")
+    t = time.monotonic()
+    with pytest.raises(NvhookError, match=f"NVML on driver root {root} did not answer within 1s"):
+        discover(str(root), snapshot=False, nvml_timeout=1.0)
+    assert time.monotonic() - t < 5
+    # the child is gone (killed, reaped): no process of ours still has the library loaded
+    out = subprocess.run(["pgrep", "-f", f"{root}/usr/lib"], capture_output=True, text=True).stdout
+    assert out.strip() == ""
+
+
+def test_missing_nvml(fresh_sim_host):
+    root = fresh_sim_host("t4x1")
+    for p in (root / "usr/lib/x86_64-linux-gnu").glob("libnvidia-ml.so*"):
+        p.unlink()
+    ldconfig(root)
+    with pytest.raises(NvhookError, match=f"NVML not found under driver root {root}"):
+        discover(str(root), snapshot=False)
+
+
+def test_unreadable_root(tmp_path):
+    with pytest.raises(NvhookError, match="cannot read driver root"):
+        discover(str(tmp_path / "nope"), snapshot=False)
+
+
+def test_nvml_runs_without_privileges(fresh_sim_host, tmp_path):
+    root = fresh_sim_host("t4x1")
+    # root's own tmp dir is 0700: as nobody the child cannot even load the library,
+    # which shows the setuid happened before NVML was touched.
+    os.chmod(tmp_path, 0o700)
+    with pytest.raises(NvhookError, match="cannot load"):
+        discover(str(root), snapshot=False, user=(65534, 65534))
+    # As root without capabilities the library loads (root owns the files).
+    assert len(discover(str(root), snapshot=False).info.gpus) == 1
+
+
+def test_nvml_child_drops_capabilities():
+    from libinject import nvml
+
+    code = ("import sys; sys.argv=['x', '/nonexistent']; from libinject import nvml; "
+            "nvml._drop_privileges(); print(open('/proc/self/status').read())")
+    out = subprocess.run([os.sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
+    status = dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
+    for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[k], 16) == 0, k
+    assert status["NoNewPrivs"].strip() == "1"
+    assert nvml.architecture((8, 0)) == "Ampere" and nvml.architecture((9, 0)) == "Hopper"
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+def test_snapshot_reused_while_current(fresh_sim_host, tmp_path):
+    root = fresh_sim_host("a100x8")
+    sdir = tmp_path / "snaps"
+    cold = discover(str(root), snapshot_dir=str(sdir))
+    files = list(sdir.iterdir())
+    assert len(files) == 1 and files[0].stat().st_mode & 0o077 == 0
+    # NVML now fails: a warm call must not need it
+    _knob(root, "error = UNKNOWN\n")
+    assert discover(str(root), snapshot_dir=str(sdir)) == cold
+    # without snapshots the failure shows
+    with pytest.raises(NvhookError):
+        discover(str(root), snapshot=False)
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    path.write_text(path.read_text().replace(old, new))
+
+
+def test_stale_snapshot_never_used(fresh_sim_host, tmp_path):
+    root = fresh_sim_host("a100x8")
+    sdir = str(tmp_path / "snaps")
+    d0 = discover(str(root), snapshot_dir=sdir)
+    info = root / f"proc/driver/nvidia/gpus/{d0.info.gpus[0].procfs_name}/information"
+    # 1. a GPU changes (same size, same clock tick: contents, not times, are compared)
+    _edit(info, "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-81GB")
+    d1 = discover(str(root), snapshot_dir=sdir)
+    assert d1.info.gpus[0].name == "NVIDIA A100-SXM4-81GB"
+    # 2. a GPU goes away
+    os.unlink(root / "dev/nvidia7")
+    d2 = discover(str(root), snapshot_dir=sdir)
+    assert len(d2.info.gpus) == 7 and len(d2.gpu_devices) == 7
+    # 3. the ld.so.cache changes: a new library appears
+    compile_lib(root / f"usr/lib/x86_64-linux-gnu/libnvidia-new.so.{d0.info.driver_version}", "libnvidia-new.so.1")
+    ldconfig(root)
+    d3 = discover(str(root), snapshot_dir=sdir)
+    assert any(x.name.startswith("libnvidia-new") for x in d3.libraries)
+    # 4. an IPC socket goes away
+    os.unlink(root / "run/nvidia-fabricmanager/socket")
+    d4 = discover(str(root), snapshot_dir=sdir)
+    assert not any("fabricmanager" in f.path for f in d4.ipcs)
+    assert discover(str(root), snapshot_dir=sdir) == d4
+
+
+def test_mig_layout_change_invalidates(fresh_sim_host, tmp_path):
+    root = fresh_sim_host("h100x8-mig")
+    sdir = str(tmp_path / "snaps")
+    d0 = discover(str(root), snapshot_dir=sdir)
+    g0 = d0.info.gpus[0]
+    assert len(g0.mig_devices) == 2
+    # destroy MIG device 0:1: its compute instance's capability node goes away
+    os.unlink(root / f"dev/nvidia-caps/nvidia-cap{g0.mig_devices[1].ci_access_minor}")
+    d1 = discover(str(root), snapshot_dir=sdir)
+    assert [m.uuid for m in d1.info.gpus[0].mig_devices] == [g0.mig_devices[0].uuid]
+    # and a rewritten MIG table (same file, new contents)
+    sim = root / f"proc/driver/nvidia/gpus/{g0.procfs_name}/nvhook-sim"
+    _edit(sim, "3g.40gb", "3g.41gb")
+    d2 = discover(str(root), snapshot_dir=sdir)
+    assert d2.info.gpus[0].mig_devices[0].name == "3g.41gb"
+
+
+def test_untrusted_snapshot_ignored(fresh_sim_host, tmp_path):
+    root = fresh_sim_host("t4x1")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    (snap,) = sdir.iterdir()
+    key, body = snap.read_text().split("\n", 1)
+    doc = json.loads(body)
+    doc["libraries"][0]["path"] = "/etc/shadow"
+    snap.write_text(key + "\n" + json.dumps(doc))
+    os.chmod(snap, 0o666)   # writable by anyone: must not be believed
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+    assert os.stat(snap).st_mode & 0o077 == 0   # rewritten by us
+    # a snapshot that is ours but damaged is ignored too
+    snap.write_text(key + "\n{broken")
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+
+
+# ----------------------------------------------------------------------------- selection
+
+@pytest.fixture(scope="module")
+def h100(sim_host):
+    return discover(str(sim_host("h100x8-mig")), snapshot=False).info
+
+
+def _ids(sel):
+    return [(s.gpu.index, None if s.mig is None else s.mig.index) for s in sel]
+
+
+def test_select_grammar(h100):
+    g = h100.gpus
+    assert _ids(S.select(h100, "all")) == [(i, None) for i in range(8)] + \
+        [(i, m.index) for i in range(8) for m in g[i].mig_devices]
+    assert _ids(S.select(h100, "1,0,1")) == [(1, None), (0, None)]
+    assert _ids(S.select(h100, g[2].uuid.upper())) == [(2, None)]
+    assert _ids(S.select(h100, g[3].uuid.lower())) == [(3, None)]
+    assert _ids(S.select(h100, g[4].bus_id)) == [(4, None)]
+    short = g[5].bus_id[4:].upper()          # "0000:XX:00.0"
+    assert _ids(S.select(h100, short)) == [(5, None)]
+    assert _ids(S.select(h100, "0:1," + g[1].mig_devices[2].uuid)) == [(0, 1), (1, 2)]
+    assert S.gpus_of(S.select(h100, "0:1,1:2,0")) == [g[0], g[1]]
+    assert S.select(h100, "none") == [] and S.select(h100, "") == [] and S.select(h100, None) == []
+    assert _ids(S.select(h100, " 6 , ,7")) == [(6, None), (7, None)]
+    for bad in ("8", "GPU-nope", "MIG-nope", "0:9", "3:0", "0000:ff:00.0", "-1", "1.5", "0:1:2"):
+        with pytest.raises(NvhookError, match=f"unknown device: {bad}"):
+            S.select(h100, f"0,{bad}")
+
+
+def test_mig_caps_selection(h100):
+    sel = S.select(h100, "all")
+    assert [x.index for x in S.mig_caps_gpus("all", "all", sel, "mig-config")] == \
+           [x.index for x in h100.gpus if x.mig_capable]
+    with pytest.raises(NvhookError, match="only 'all'"):
+        S.mig_caps_gpus("0", "all", sel, "mig-config")
+    with pytest.raises(NvhookError, match="specific MIG devices"):
+        S.mig_caps_gpus("all", "0:0", S.select(h100, "0:0"), "mig-monitor")
+    assert S.mig_caps_gpus(None, "all", sel, "mig-config") == []
