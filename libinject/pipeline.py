@@ -1,0 +1,40 @@
+"""One configure pipeline for the hook and `nvhook configure`:
+Request -> discover -> plan -> apply_live (DESIGN.md §2).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from libinject.edits import ContainerEdits
+from libinject.request import Request
+
+
+def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/",
+              ldcache: str | None = None, dev_root: str | None = None,
+              nvml_timeout: float = 10.0, snapshot: bool = True,
+              snapshot_dir: str | None = None, dry_run: bool = False,
+              log: Callable[[str], None] | None = None) -> ContainerEdits:
+    """Discover the driver under root, plan request for rootfs and (unless dry_run) apply
+    it to the live container (pid's mount namespace and cgroup; None = ours).
+    All-or-nothing: raises NvhookError and leaves the container as it was."""
+    from libinject.discover import discover
+    from libinject.plan import container_lib_dirs, plan
+
+    say = log or (lambda msg: None)
+    driver = discover(root or "/", ldcache=ldcache or None, dev_root=dev_root or None,
+                      nvml_timeout=nvml_timeout, user=request.user, snapshot=snapshot,
+                      snapshot_dir=snapshot_dir or None)
+    say(f"driver {driver.info.driver_version} (cuda {driver.info.cuda_version}) under {driver.root}: "
+        f"{len(driver.info.gpus)} GPUs, libraries from {driver.library_source}")
+    lib_dir, lib32_dir = container_lib_dirs(rootfs)
+    edits = plan(request, driver, lib_dir=lib_dir, lib32_dir=lib32_dir)
+    say(f"plan: {len(edits.device_nodes)} devices ({', '.join(d.path for d in edits.device_nodes)}), "
+        f"{len(edits.mounts)} mounts, {len(edits.symlinks)} symlinks, "
+        f"{len(edits.cgroup_rules)} cgroup rules, lib dir {lib_dir}")
+    if dry_run:
+        return edits
+    from libinject.apply_live import apply
+
+    apply(edits, rootfs, pid=pid, ldconfig=request.ldconfig, no_cgroups=request.no_cgroups)
+    say(f"applied to rootfs {rootfs} (pid {pid})")
+    return edits
