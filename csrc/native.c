@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <linux/bpf.h>
@@ -144,4 +145,31 @@ int nv_bpf_prog_get_insns(int prog_fd, void *insns, unsigned int capacity)
     if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &a) < 0)
         return -errno;
     return (int)info.xlated_prog_len;
+}
+
+#ifndef SYS_fsopen
+#define SYS_fsopen 430
+#endif
+#ifndef SYS_fsconfig
+#define SYS_fsconfig 431
+#endif
+#ifndef SYS_fsmount
+#define SYS_fsmount 432
+#endif
+
+int nv_fsopen(const char *fsname, unsigned int flags)
+{ RET(syscall(SYS_fsopen, fsname, flags)); }
+
+int nv_fsconfig(int fd, unsigned int cmd, const char *key, const char *value, int aux)
+{ RET(syscall(SYS_fsconfig, fd, cmd, key, value, aux)); }
+
+int nv_fsmount(int fd, unsigned int flags, unsigned int attr_flags)
+{ RET(syscall(SYS_fsmount, fd, flags, attr_flags)); }
+
+long nv_fstatfs_type(int fd)
+{
+    struct statfs s;
+    if (fstatfs(fd, &s) < 0)
+        return -errno;
+    return (long)s.f_type;
 }

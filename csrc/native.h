@@ -29,3 +29,10 @@ int nv_bpf_prog_get_fd_by_id(unsigned int id);
 /* Copies the program's translated instructions into insns (capacity bytes);
  * returns the byte length the kernel reported. */
 int nv_bpf_prog_get_insns(int prog_fd, void *insns, unsigned int capacity);
+
+/* New mount API for the procfs tmpfs (built detached, filled, made read-only, then
+ * attached) and the filesystem type of an fd (refuse mount targets on proc/sysfs). */
+int nv_fsopen(const char *fsname, unsigned int flags);
+int nv_fsconfig(int fd, unsigned int cmd, const char *key, const char *value, int aux);
+int nv_fsmount(int fd, unsigned int flags, unsigned int attr_flags);
+long nv_fstatfs_type(int fd);

@@ -1,0 +1,288 @@
+"""Update a container's dynamic linker cache, safely (DESIGN.md §5, CVE-2025-23267).
+
+ldconfig runs in a sandboxed child: its own private copy of the (container's) mount
+namespace, pivoted into the rootfs with the old root detached, so every path it
+follows (the image's /etc/ld.so.cache or /etc/ld.so.conf.d symlinks included) resolves
+inside the rootfs; procfs/sysfs mounts in the rootfs detached too (no /proc/1/root way
+out); empty environment, no new privileges, only CAP_DAC_OVERRIDE (as the rootfs owner
+root) or none, rlimits, and a timeout.
+
+By default the *host's* ldconfig runs ("@/sbin/ldconfig"): Debian's is static, so it
+runs inside any rootfs, and images without ldconfig work. A path without "@" is the
+image's own ldconfig, accepted only when it resolves to a regular file in the rootfs.
+musl images have no ld.so.cache: their /etc/ld-musl-<arch>.path gets the folders.
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import select
+import signal
+import stat
+import time
+from typing import Sequence
+
+from libinject import native
+from libinject.errors import NvhookError
+from libinject.safefs import RootFS, cap_last_cap, limit_capabilities, proc_fd
+
+CONF_DIR = "/etc/ld.so.conf.d"
+AT_FDCWD = -100
+KERNEL_FS = {"proc", "sysfs", "debugfs", "securityfs", "tracefs", "bpf", "cgroup", "cgroup2",
+             "configfs", "efivarfs", "fusectl", "binfmt_misc", "hugetlbfs", "mqueue", "pstore"}
+TIMEOUT = 30.0
+MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")   # musl's built-in default
+
+
+def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
+    """fd of the ldconfig to execute. "@PATH" is a host path: open it *before*
+    entering the container's mount namespace. A plain path is the image's, resolved
+    inside the rootfs (regular file only)."""
+    if spec.startswith("@"):
+        path = spec[1:]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise NvhookError(f"ldconfig {path}: {os.strerror(e.errno)}") from None
+    else:
+        if root is None:
+            raise NvhookError(f"ldconfig {spec}: a container path needs the rootfs")
+        try:
+            fd = root.resolve(spec, os.O_RDONLY)
+        except OSError as e:
+            raise NvhookError(f"ldconfig {spec} in the rootfs: {os.strerror(e.errno)}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NvhookError(f"ldconfig {spec} is not a regular file")
+    head = os.pread(fd, 2, 0)
+    if head == b"#!":
+        os.close(fd)
+        raise NvhookError(f"ldconfig {spec} is a script (on Ubuntu use @/sbin/ldconfig.real)")
+    return fd
+
+
+def musl_arch() -> str:
+    m = os.uname().machine
+    return {"i686": "i386", "i586": "i386", "armv7l": "armhf", "ppc64le": "powerpc64le"}.get(m, m)
+
+
+def is_musl(root: RootFS) -> str | None:
+    """Container path of the musl .path file if the image uses musl's loader."""
+    arch = musl_arch()
+    path = f"/etc/ld-musl-{arch}.path"
+    if root.lookup(path) is not None:
+        return path
+    if root.lookup(f"/lib/ld-musl-{arch}.so.1") is not None:
+        return path
+    return None
+
+
+def update_musl(root: RootFS, path: str, folders: Sequence[str]) -> None:
+    """Add folders to musl's search path file (replacing, not writing through, a
+    symlink). A new file starts from musl's default path, which it replaces."""
+    data = root.read_file(path)
+    if data is None:
+        have = list(MUSL_DEFAULT_PATH)
+    else:
+        have = [p for p in data.decode(errors="replace").replace(":", "\n").split() if p]
+    new = have + [f for f in folders if f not in have]
+    if data is not None and new == have:
+        return
+    root.write_file(path, ("\n".join(new) + "\n").encode(), 0o644)
+
+
+def write_conf(root: RootFS, folders: Sequence[str]) -> str | None:
+    """/etc/ld.so.conf.d/00-nvcr-<random>.conf listing the folders (as NVIDIA's
+    update-ldcache hook does), so a later ldconfig in the container keeps them.
+    Only when the image has an ld.so.conf.d directory (inside the rootfs)."""
+    found = root.lookup(CONF_DIR)
+    if found is None:
+        return None
+    fd, st = found
+    os.close(fd)
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    data = ("\n".join(folders) + "\n").encode()
+    # A second configure of the same rootfs must not pile up identical files.
+    dfd = root.resolve(CONF_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in os.listdir(dfd):
+            if name.startswith("00-nvcr-") and name.endswith(".conf"):
+                try:
+                    same = root.read_file(f"{CONF_DIR}/{name}", 1 << 16) == data
+                except (NvhookError, OSError):
+                    continue
+                if same:
+                    return f"{CONF_DIR}/{name}"
+    finally:
+        os.close(dfd)
+    path = f"{CONF_DIR}/00-nvcr-{os.urandom(5).hex()}.conf"
+    root.write_file(path, data, 0o644)
+    return path
+
+
+def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
+           ldconfig: str = "@/sbin/ldconfig", timeout: float = TIMEOUT) -> str:
+    """Make `folders` visible to the container's loader. Returns "musl", "ldconfig".
+    `exec_fd`: an ldconfig fd opened earlier (host binary opened before setns)."""
+    folders = list(dict.fromkeys(folders))
+    musl = is_musl(root)
+    if musl:
+        update_musl(root, musl, folders)
+        return "musl"
+    if folders:
+        write_conf(root, folders)
+    root.preserve("/etc/ld.so.cache")   # rollback restores the image's cache
+    own = exec_fd is None
+    fd = open_ldconfig(ldconfig, root) if own else exec_fd
+    try:
+        run_sandboxed(root, fd, ["ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache",
+                                 *folders], timeout=timeout)
+    finally:
+        if own:
+            os.close(fd)  # type: ignore[arg-type]
+    return "ldconfig"
+
+
+def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float = TIMEOUT) -> None:
+    """Run exec_fd with argv inside the rootfs, sandboxed; raise NvhookError on failure."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            _sandbox_child(root, exec_fd, argv, w)
+        except BaseException as e:  # report, never return into the caller's stack
+            msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            what = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
+            try:
+                os.write(w, f"nvhook sandbox: {what}{msg}\n".encode())
+            finally:
+                os._exit(126)
+        os._exit(126)
+    os.close(w)
+    out = _wait(pid, r, timeout)
+    if out is not None:
+        raise NvhookError(f"ldconfig failed: {out}")
+
+
+def _wait(pid: int, r: int, timeout: float) -> str | None:
+    """Collect output and wait with a deadline; None when the child exited 0."""
+    pidfd = os.pidfd_open(pid)
+    buf = b""
+    deadline = time.monotonic() + timeout
+    try:
+        open_r = True
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"timed out after {timeout:g}s"
+            rl, _, _ = select.select([pidfd] + ([r] if open_r else []), [], [], left)
+            if r in rl:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    open_r = False
+                elif len(buf) < 1 << 16:
+                    buf += chunk
+            if pidfd in rl and not (open_r and r in rl):
+                break
+        while open_r:  # drain what is left without blocking forever
+            rl, _, _ = select.select([r], [], [], 0.5)
+            if not rl:
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            buf += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+        os.close(r)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return None
+    lines = [ln for ln in buf.decode(errors="replace").splitlines() if ln.strip()]
+    code = os.waitstatus_to_exitcode(status)
+    detail = lines[-1] if lines else ""
+    return f"exit status {code}" + (f": {detail}" if detail else "")
+
+
+def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> None:
+    import prctl
+
+    proc = proc_fd()                 # the host's /proc: our own fds and mountinfo
+    inherited = _open_fds(proc)
+    last_cap = cap_last_cap()
+    # A detached copy of the rootfs with what is mounted in it, taken from the fd (the
+    # rootfs may be "/" of a container that has already pivoted).
+    tree = native.open_tree(root.fd, "", native.OPEN_TREE_CLONE | native.OPEN_TREE_CLOEXEC
+                            | native.AT_EMPTY_PATH | native.AT_RECURSIVE)
+    # A private mount namespace: nothing below propagates anywhere.
+    native.unshare(native.CLONE_NEWNS)
+    native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
+    native.move_mount(tree, "", AT_FDCWD, "/", native.MOVE_MOUNT_F_EMPTY_PATH)
+    os.fchdir(tree)
+    native.pivot_root(".", ".")
+    native.umount2(".", native.MNT_DETACH)
+    os.chdir("/")
+    # Kernel filesystems inside the rootfs (runc has mounted the container's /proc by
+    # prestart time) would give a way back to the host (/proc/1/root): detach them.
+    for mp in _kernel_mounts(proc):
+        try:
+            native.umount2(mp, native.MNT_DETACH | 0x8)  # UMOUNT_NOFOLLOW
+        except OSError:
+            pass
+    # stdin: an empty pipe; stdout/stderr: our pipe; nothing else but the binary.
+    pr, pw = os.pipe()
+    os.dup2(pr, 0)
+    os.dup2(err_fd, 1)
+    os.dup2(err_fd, 2)
+    for fd in set(inherited) | {pr, pw, err_fd, tree, proc}:
+        if fd not in (0, 1, 2, exec_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for res, lim in ((resource.RLIMIT_CPU, 30), (resource.RLIMIT_AS, 1 << 30),
+                     (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_CORE, 0),
+                     (resource.RLIMIT_NOFILE, 1024)):
+        soft, hard = resource.getrlimit(res)
+        lim = lim if hard == resource.RLIM_INFINITY else min(lim, hard)
+        resource.setrlimit(res, (lim, lim))
+    # As the rootfs owner. Root keeps CAP_DAC_OVERRIDE only (an /etc that is not
+    # writable to its owner); anyone else runs without capabilities.
+    os.setgroups([])
+    os.setresgid(root.gid, root.gid, root.gid)
+    if root.uid == 0:
+        limit_capabilities({prctl.CAP_DAC_OVERRIDE}, last_cap=last_cap)
+    else:
+        os.setresuid(root.uid, root.uid, root.uid)
+    prctl.set_no_new_privs(1)
+    os.execve(exec_fd, argv, {})
+
+
+def _kernel_mounts(proc: int) -> list[str]:
+    """Mount points of proc/sysfs/... in our (pivoted) namespace, deepest first."""
+    out = []
+    with open("self/mountinfo", opener=lambda p, f: os.open(p, f, dir_fd=proc)) as fh:
+        for line in fh:
+            fields = line.split()
+            sep = fields.index("-")
+            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if fields[sep + 1] in KERNEL_FS and mp != "/":
+                out.append(mp)
+    return sorted(out, key=lambda p: -p.count("/"))
+
+
+def _open_fds(proc: int) -> list[int]:
+    try:
+        fdd = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    except OSError:
+        return list(range(3, 1024))
+    try:
+        return [int(x) for x in os.listdir(fdd) if int(x) != fdd]
+    finally:
+        os.close(fdd)

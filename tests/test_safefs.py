@@ -1,0 +1,552 @@
+"""safefs.RootFS and the sandboxed ldconfig, for real (root, private mount namespaces).
+
+Also holds the helpers test_apply_live.py and test_hostile.py import: in_ns (run a
+function in a forked child with its own private mount namespace), mountinfo parsing,
+tree snapshots for canaries, and a hand-made host + ContainerEdits.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import shutil
+import socket
+import stat
+import subprocess
+import traceback
+from pathlib import Path
+
+import pytest
+
+from libinject import native
+from libinject.edits import (CgroupRule, ContainerEdits, DeviceEdit, MountEdit, ProcfsEdit,
+                             SymlinkEdit)
+from libinject.errors import NvhookError
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+HOST_LDCONFIG = "/sbin/ldconfig"
+
+
+# -- helpers shared with test_apply_live.py / test_hostile.py ------------------------
+def in_ns(fn, *args, **kw):
+    """fn(*args) in a forked child inside a new private mount namespace; returns its
+    (pickled) result or re-raises its exception. Nothing it mounts reaches the host."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        try:
+            native.unshare(native.CLONE_NEWNS)
+            native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
+            res = ("ok", fn(*args, **kw), "")
+        except BaseException as e:  # noqa: BLE001
+            res = ("err", e, traceback.format_exc())
+        try:
+            data = pickle.dumps(res)
+        except Exception:  # noqa: BLE001
+            data = pickle.dumps(("err", RuntimeError(repr(res[1])), res[2]))
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    kind, val, tb = pickle.loads(data)
+    if kind == "err":
+        if tb and not isinstance(val, NvhookError):
+            val.add_note(tb)
+        raise val
+    return val
+
+
+def mountinfo(pid: int | str = "self") -> list[dict]:
+    out = []
+    with open(f"/proc/{pid}/mountinfo") as f:
+        for line in f:
+            p = line.split()
+            sep = p.index("-")
+            out.append({"id": int(p[0]), "root": p[3], "mp": p[4].replace("\\040", " "),
+                        "opts": set(p[5].split(",")), "fstype": p[sep + 1],
+                        "source": p[sep + 2], "super": set(p[sep + 3].split(","))})
+    return out
+
+
+def new_mounts(before: list[dict], after: list[dict]) -> list[dict]:
+    ids = {m["id"] for m in before}
+    return [m for m in after if m["id"] not in ids]
+
+
+def snapshot(top: Path, *, dir_mtimes: bool = True) -> dict:
+    """Everything about a tree a hostile image might try to change. dir_mtimes=False
+    for a rootfs we wrote into and rolled back (entries made and removed again)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            data = None
+            if stat.S_ISREG(st.st_mode):
+                data = open(p, "rb").read()
+            elif stat.S_ISLNK(st.st_mode):
+                data = os.readlink(p)
+            mtime = st.st_mtime_ns if dir_mtimes or not stat.S_ISDIR(st.st_mode) else 0
+            out[os.path.relpath(p, top)] = (st.st_mode, st.st_uid, mtime, data)
+    st = os.lstat(top)
+    out["."] = (st.st_mode, st.st_mtime_ns if dir_mtimes else 0)
+    return out
+
+
+def elf(path: Path, soname: str) -> Path:
+    """An empty shared library with the given SONAME (what ldconfig caches)."""
+    subprocess.run(["gcc", "-shared", "-nostdlib", "-o", str(path), f"-Wl,-soname,{soname}",
+                    "-x", "c", "/dev/null"], check=True)
+    return path
+
+
+def make_host(h: Path, *, ngpu: int = 4, nlibs: int = 12) -> ContainerEdits:
+    """A hand-made driver root and the edits a planner would make for it: libraries,
+    nvidia-smi, firmware, persistenced socket, device nodes (mknod 195:N), procfs."""
+    lib = h / LIBDIR.lstrip("/")
+    for d in (lib, h / "usr/bin", h / "dev", h / "lib/firmware/nvidia/550.54.14",
+              h / "run/nvidia-persistenced"):
+        d.mkdir(parents=True, exist_ok=True)
+    libs = []
+    for i in range(nlibs):
+        p = lib / f"libnvidia-t{i}.so.550.54.14"
+        p.write_text(f"lib{i}")
+        libs.append(p)
+    # one real ELF so ldconfig has something to cache
+    elf(lib / "libnvidia-ml.so.550.54.14", "libnvidia-ml.so.1")
+    (h / "usr/bin/nvidia-smi").write_text("#!/bin/sh\necho smi\n")
+    os.chmod(h / "usr/bin/nvidia-smi", 0o755)
+    fw = h / "lib/firmware/nvidia/550.54.14/gsp_ga10x.bin"
+    fw.write_bytes(b"firmware")
+    sock = h / "run/nvidia-persistenced/socket"
+    if not sock.exists():
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(sock))
+        s.close()
+    devs = [DeviceEdit("/dev/nvidiactl", str(h / "dev/nvidiactl"), 195, 255, "control"),
+            DeviceEdit("/dev/nvidia-uvm", str(h / "dev/nvidia-uvm"), 511, 0, "control")]
+    devs += [DeviceEdit(f"/dev/nvidia{i}", str(h / f"dev/nvidia{i}"), 195, i, "gpu") for i in range(ngpu)]
+    for d in devs:
+        if not os.path.exists(d.host_path):
+            os.mknod(d.host_path, 0o666 | stat.S_IFCHR, os.makedev(d.major, d.minor))
+    gdirs = []
+    for i in range(ngpu):
+        g = h / f"proc/driver/nvidia/gpus/0000:0{i}:00.0"
+        g.mkdir(parents=True, exist_ok=True)
+        (g / "information").write_text(f"Model: sim gpu {i}\n")
+        gdirs.append((str(g), f"0000:0{i}:00.0"))
+    mounts = [MountEdit(str(h / "usr/bin/nvidia-smi"), "/usr/bin/nvidia-smi", "binary")]
+    mounts += [MountEdit(str(p), f"{LIBDIR}/{p.name}", "library")
+               for p in libs + [lib / "libnvidia-ml.so.550.54.14"]]
+    mounts.append(MountEdit(str(fw), "/lib/firmware/nvidia/550.54.14/gsp_ga10x.bin", "firmware"))
+    mounts.append(MountEdit(str(sock), "/run/nvidia-persistenced/socket", "ipc",
+                            ("nosuid", "nodev", "noexec", "bind")))
+    syms = [SymlinkEdit(p.name, f"{LIBDIR}/{p.name.split('.so')[0]}.so.1") for p in libs]
+    syms += [SymlinkEdit("libnvidia-ml.so.550.54.14", f"{LIBDIR}/libnvidia-ml.so.1"),
+             SymlinkEdit("libnvidia-ml.so.1", f"{LIBDIR}/libnvidia-ml.so")]
+    return ContainerEdits(
+        device_nodes=tuple(devs), mounts=tuple(mounts), symlinks=tuple(syms),
+        procfs=ProcfsEdit(files={"params": "ModifyDeviceFiles: 0\n",
+                                 "version": "NVRM version: 550.54.14\n", "registry": ""},
+                          gpu_dirs=tuple(gdirs)),
+        ldconfig_folders=(LIBDIR,),
+        cgroup_rules=tuple(CgroupRule(d.major, d.minor) for d in devs))
+
+
+def _host_table(tmp_path: Path) -> list[str]:
+    """Host mount points, less other tests' scratch mounts under /tmp (podman and
+    runc tests of other modules mount and unmount there concurrently on a shared VM)."""
+    mine = str(tmp_path)
+    with open("/proc/self/mountinfo") as f:
+        mps = [line.split()[4] for line in f]
+    return sorted(m for m in mps if not m.startswith("/tmp/") or m.startswith(mine))
+
+
+@pytest.fixture
+def no_leaked_mounts(tmp_path):
+    """conftest's check, tolerant of concurrent tests' mounts in other /tmp dirs:
+    nothing may appear outside /tmp, nor anywhere under this test's tmp_path."""
+    before = _host_table(tmp_path)
+    yield
+    assert _host_table(tmp_path) == before
+
+
+# -- RootFS --------------------------------------------------------------------------
+def _rootfs(path):
+    from libinject.safefs import RootFS
+    return RootFS(str(path))
+
+
+def test_resolve_keeps_symlinks_inside(rootfs, tmp_path):
+    host = tmp_path / "hostdir"
+    host.mkdir()
+    (host / "canary").write_text("host")
+    (rootfs / "abs").symlink_to(str(host))
+    (rootfs / "rel").symlink_to("../../../../../../../../../.." + str(host))
+    (rootfs / "magic").symlink_to("/proc/self/root" + str(host))
+    r = _rootfs(rootfs)
+    for name in ("abs", "rel"):
+        assert r.lookup(f"/{name}/canary") is None          # resolved inside: absent
+    (rootfs / str(host).lstrip("/")).mkdir(parents=True)
+    (rootfs / str(host).lstrip("/") / "canary").write_text("inside")
+    for name in ("abs", "rel"):
+        assert r.read_file(f"/{name}/canary") == b"inside"
+    with pytest.raises(OSError) as e:
+        r.resolve("/magic/canary")
+    assert e.value.errno in (errno.ENOENT, errno.ELOOP, errno.EXDEV)
+    with pytest.raises(NvhookError):
+        r.resolve("relative/path")
+    with pytest.raises(NvhookError):
+        r.resolve("/usr/../etc")
+
+
+def test_makedirs_through_hostile_symlink_stays_inside(rootfs, tmp_path):
+    host = tmp_path / "hostlib"
+    host.mkdir()
+    before = snapshot(host)
+    shutil.rmtree(rootfs / "usr/lib")
+    (rootfs / "usr/lib").symlink_to(str(host))       # absolute: a host path
+    r = _rootfs(rootfs)
+    with pytest.raises(NvhookError, match="symlink"):
+        r.makedirs(f"{LIBDIR}/sub")                  # dangling inside the root: refused
+    assert r.journal.rollback() == []
+    (rootfs / "usr/lib").unlink()
+    (rootfs / "usr/lib").symlink_to("../../../../../../.." + str(host))
+    (rootfs / str(host).lstrip("/")).mkdir(parents=True)   # now it resolves inside
+    fd = r.makedirs(f"{LIBDIR}/sub")
+    os.close(fd)
+    assert (rootfs / str(host).lstrip("/") / "x86_64-linux-gnu/sub").is_dir()
+    assert snapshot(host) == before
+    assert r.journal.created == [LIBDIR, f"{LIBDIR}/sub"]
+    assert r.journal.rollback() == []
+    assert not (rootfs / str(host).lstrip("/") / "x86_64-linux-gnu").exists()
+
+
+def test_created_entries_owned_by_rootfs_owner(rootfs):
+    os.chown(rootfs, 1234, 5678)
+    r = _rootfs(rootfs)
+    os.close(r.makedirs("/a/b"))
+    r.make_file("/a/b/f")
+    r.symlink("f", "/a/b/l")
+    for p in ("a", "a/b", "a/b/f", "a/b/l"):
+        st = os.lstat(rootfs / p)
+        assert (st.st_uid, st.st_gid) == (1234, 5678), p
+    assert stat.S_IMODE(os.lstat(rootfs / "a/b").st_mode) == 0o755
+    assert stat.S_IMODE(os.lstat(rootfs / "a/b/f").st_mode) == 0o644
+
+
+def test_make_file_never_follows_last_symlink(rootfs, tmp_path):
+    host_file = tmp_path / "shadow"
+    host_file.write_text("secret")
+    (rootfs / "usr/bin/tool").symlink_to(str(host_file))
+    r = _rootfs(rootfs)
+    assert r.make_file("/usr/bin/tool") is False
+    with pytest.raises(NvhookError):
+        r.target("/usr/bin/tool", is_dir=False)      # dangling inside the root
+    assert host_file.read_text() == "secret"
+
+
+def _bind_ro(rootfs, src):
+    from libinject.safefs import RootFS
+    r = RootFS(str(rootfs))
+    before = mountinfo()
+    r.bind_mount(str(src), f"{LIBDIR}/libx.so.1", ("ro", "nosuid", "nodev"))
+    mnts = new_mounts(before, mountinfo())
+    try:
+        with open(rootfs / LIBDIR.lstrip("/") / "libx.so.1", "w") as f:
+            f.write("no")
+        wrote = True
+    except OSError as e:
+        wrote = e.errno
+    content = (rootfs / LIBDIR.lstrip("/") / "libx.so.1").read_text()
+    left = r.journal.rollback()
+    after = new_mounts(before, mountinfo())
+    return mnts, wrote, content, left, after, (rootfs / LIBDIR.lstrip("/") / "libx.so.1").exists()
+
+
+def test_bind_mount_read_only_really(rootfs, tmp_path, no_leaked_mounts):
+    src = tmp_path / "libx.so.1.0"
+    src.write_text("payload")
+    mnts, wrote, content, left, after, exists = in_ns(_bind_ro, rootfs, src)
+    assert len(mnts) == 1
+    m = mnts[0]
+    assert m["mp"] == f"{rootfs}{LIBDIR}/libx.so.1"
+    assert {"ro", "nosuid", "nodev"} <= m["opts"]
+    assert wrote == errno.EROFS
+    assert content == "payload"
+    assert src.read_text() == "payload"
+    assert left == [] and after == [] and not exists
+
+
+def _wrong_types(rootfs, tmp_path):
+    from libinject.safefs import RootFS
+    r = RootFS(str(rootfs))
+    f = tmp_path / "f"
+    f.write_text("x")
+    d = tmp_path / "d"
+    d.mkdir()
+    (rootfs / "dev/nvidia0").mkdir()
+    (rootfs / "etc/x").write_text("file")
+    out = []
+    for src, dst in ((f, "/dev/nvidia0"), (d, "/etc/x")):
+        try:
+            r.bind_mount(str(src), dst)
+            out.append("mounted")
+        except NvhookError as e:
+            out.append(str(e))
+    try:
+        r.bind_mount(str(f), "/x", expect="char")
+    except NvhookError as e:
+        out.append(str(e))
+    out.append(len(r.journal.mounts))
+    return out
+
+
+def test_refuses_wrong_target_type(rootfs, tmp_path, no_leaked_mounts):
+    a, b, c, n = in_ns(_wrong_types, rootfs, tmp_path)
+    assert "is a directory, expected a regular file" in a
+    assert b == "cannot create /etc/x in the rootfs: not a directory"
+    assert "expected char" in c
+    assert n == 0
+
+
+def _proc_target(rootfs, tmp_path):
+    from libinject.safefs import RootFS
+    native.mount("proc", str(rootfs / "proc"), "proc", 0)
+    (rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1").symlink_to("/proc/sys/kernel/core_pattern")
+    src = tmp_path / "lib"
+    src.write_text("x")
+    r = RootFS(str(rootfs))
+    try:
+        r.bind_mount(str(src), f"{LIBDIR}/libcuda.so.1")
+        return "mounted"
+    except NvhookError as e:
+        return str(e)
+
+
+def test_refuses_target_on_procfs(rootfs, tmp_path, no_leaked_mounts):
+    assert "procfs/sysfs" in in_ns(_proc_target, rootfs, tmp_path)
+
+
+def _tmpfs(rootfs):
+    from libinject.safefs import RootFS
+    r = RootFS(str(rootfs))
+    before = mountinfo()
+    r.tmpfs("/proc/driver/nvidia", files={"params": b"ModifyDeviceFiles: 0\n"}, dirs=("gpus/a",))
+    m = new_mounts(before, mountinfo())
+    base = rootfs / "proc/driver/nvidia"
+    res = (m, sorted(os.listdir(base)), (base / "params").read_text(),
+           oct(stat.S_IMODE(os.stat(base / "params").st_mode)))
+    try:
+        (base / "new").write_text("x")
+        res += ("writable",)
+    except OSError as e:
+        res += (e.errno,)
+    return res
+
+
+def test_tmpfs_filled_then_read_only(rootfs, no_leaked_mounts):
+    m, names, params, mode, wr = in_ns(_tmpfs, rootfs)
+    assert len(m) == 1 and m[0]["fstype"] == "tmpfs"
+    assert {"ro", "nosuid", "nodev", "noexec"} <= m[0]["opts"]
+    assert names == ["gpus", "params"]
+    assert params == "ModifyDeviceFiles: 0\n" and mode == "0o444"
+    assert wr == errno.EROFS
+
+
+def test_symlinks_create_replace_restore(rootfs, tmp_path):
+    host = tmp_path / "hostfile"
+    host.write_text("host")
+    r = _rootfs(rootfs)
+    lib = rootfs / LIBDIR.lstrip("/")
+    (lib / "libold.so").symlink_to(str(host))
+    (lib / "libreal.so").write_text("image file")
+    assert r.symlink("libcuda.so.1", f"{LIBDIR}/libcuda.so") is True
+    assert r.symlink("libcuda.so.1", f"{LIBDIR}/libcuda.so") is False     # idempotent
+    assert r.symlink("libnew.so.1", f"{LIBDIR}/libold.so") is True        # replaced
+    assert r.symlink("libnew.so.1", f"{LIBDIR}/libreal.so") is False      # left alone
+    assert os.readlink(lib / "libcuda.so") == "libcuda.so.1"
+    assert os.readlink(lib / "libold.so") == "libnew.so.1"
+    assert host.read_text() == "host"
+    assert r.journal.rollback() == []
+    assert not os.path.lexists(lib / "libcuda.so")
+    assert os.readlink(lib / "libold.so") == str(host)
+    assert (lib / "libreal.so").read_text() == "image file"
+    assert sorted(os.listdir(lib)) == ["libold.so", "libreal.so"]
+
+
+def test_write_file_replaces_symlink_never_writes_through(rootfs, tmp_path):
+    host = tmp_path / "host.conf"
+    host.write_text("host")
+    (rootfs / "etc/ld-musl-x86_64.path").symlink_to(str(host))
+    r = _rootfs(rootfs)
+    r.write_file("/etc/ld-musl-x86_64.path", b"/lib\n")
+    assert (rootfs / "etc/ld-musl-x86_64.path").read_text() == "/lib\n"
+    assert not (rootfs / "etc/ld-musl-x86_64.path").is_symlink()
+    assert host.read_text() == "host"
+    r.journal.rollback()
+    assert os.readlink(rootfs / "etc/ld-musl-x86_64.path") == str(host)
+    assert not [n for n in os.listdir(rootfs / "etc") if "nvhook" in n]
+
+
+def test_mount_options_validated():
+    from libinject.safefs import mount_attrs
+    assert mount_attrs(("ro", "nosuid", "nodev", "bind"))[0] == (
+        native.MOUNT_ATTR_RDONLY | native.MOUNT_ATTR_NOSUID | native.MOUNT_ATTR_NODEV)
+    assert mount_attrs(("rbind",))[1] is True
+    with pytest.raises(NvhookError, match="unsupported mount option"):
+        mount_attrs(("ro", "suidx"))
+
+
+# -- ldconfig ------------------------------------------------------------------------
+def _cache(rootfs) -> str:
+    return subprocess.run([HOST_LDCONFIG, "-p", "-C", str(rootfs / "etc/ld.so.cache")],
+                          capture_output=True, text=True).stdout
+
+
+def _ldconfig(rootfs, folders, spec="@/sbin/ldconfig"):
+    from libinject import ldconfig
+    r = _rootfs(rootfs)
+    return ldconfig.update(r, folders, ldconfig=spec)
+
+
+def test_ldconfig_host_binary_in_rootfs_without_ldconfig(rootfs):
+    lib = rootfs / LIBDIR.lstrip("/")
+    shutil.copy(os.path.realpath("/lib/x86_64-linux-gnu/libz.so.1"), lib / "libnvidia-ml.so.550.1")
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.550.1")
+    assert not (rootfs / "sbin/ldconfig").exists()
+    how = in_ns(_ldconfig, rootfs, [LIBDIR])
+    assert how == "ldconfig"
+    out = _cache(rootfs)
+    assert f"libz.so.1 (libc6,x86-64) => {LIBDIR}/" in out or "libnvidia-ml" in out or "libz.so.1" in out
+    assert "libc.so.6" in out
+    confs = [n for n in os.listdir(rootfs / "etc/ld.so.conf.d") if n.startswith("00-nvcr-")]
+    assert len(confs) == 1
+    assert (rootfs / "etc/ld.so.conf.d" / confs[0]).read_text() == f"{LIBDIR}\n"
+    in_ns(_ldconfig, rootfs, [LIBDIR])                        # no second conf file
+    assert len([n for n in os.listdir(rootfs / "etc/ld.so.conf.d") if n.startswith("00-nvcr-")]) == 1
+
+
+def test_ldconfig_symlinked_cache_and_confdir_stay_inside(rootfs, tmp_path):
+    host = tmp_path / "hostetc"
+    host.mkdir()
+    (host / "ld.so.cache").write_bytes(b"host cache")
+    (host / "conf.d").mkdir()
+    (host / "conf.d/host.conf").write_text("/host\n")
+    before = snapshot(host)
+    (rootfs / "etc/ld.so.cache").symlink_to(str(host / "ld.so.cache"))
+    shutil.rmtree(rootfs / "etc/ld.so.conf.d")
+    (rootfs / "etc/ld.so.conf.d").symlink_to("../../../../../../../.." + str(host / "conf.d"))
+    how = in_ns(_ldconfig, rootfs, [LIBDIR])
+    assert how == "ldconfig"
+    assert snapshot(host) == before
+    assert "libc.so.6" in _cache(rootfs)          # the image got its own, real cache
+    assert not (rootfs / "etc/ld.so.cache").is_symlink()
+
+
+def _ldconfig_with_proc(rootfs, folders):
+    native.mount("proc", str(rootfs / "proc"), "proc", 0)
+    return _ldconfig(rootfs, folders)
+
+
+def test_ldconfig_cannot_reach_host_through_proc(rootfs, tmp_path):
+    """An image whose ld.so.conf points at /proc/1/root/<host dir>: with the container's
+    procfs mounted (as at runc prestart), ldconfig must not make links in the host dir."""
+    host = tmp_path / "hostlibs"
+    host.mkdir()
+    shutil.copy(os.path.realpath("/lib/x86_64-linux-gnu/libz.so.1"), host / "libz.so.1.2.99")
+    before = snapshot(host)
+    (rootfs / "etc/ld.so.conf.d/evil.conf").write_text(f"/proc/1/root{host}\n")
+    assert in_ns(_ldconfig_with_proc, rootfs, [LIBDIR]) == "ldconfig"
+    assert snapshot(host) == before
+    assert str(host) not in _cache(rootfs)
+
+
+def test_ldconfig_musl_path_file(rootfs, tmp_path):
+    (rootfs / "lib/ld-musl-x86_64.so.1").write_text("musl loader")
+    how = in_ns(_ldconfig, rootfs, [LIBDIR, "/usr/lib64"])
+    assert how == "musl"
+    assert (rootfs / "etc/ld-musl-x86_64.path").read_text().split() == [
+        "/lib", "/usr/local/lib", "/usr/lib", LIBDIR, "/usr/lib64"]
+    assert not (rootfs / "etc/ld.so.cache").exists()
+    # an existing file is extended, a symlink to the host is replaced, not written
+    host = tmp_path / "musl.path"
+    host.write_text("/opt/lib\n")
+    (rootfs / "etc/ld-musl-x86_64.path").unlink()
+    (rootfs / "etc/ld-musl-x86_64.path").symlink_to(str(host))
+    (rootfs / str(host).lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    (rootfs / str(host).lstrip("/")).write_text("/lib:/opt/lib\n")
+    in_ns(_ldconfig, rootfs, [LIBDIR])
+    assert host.read_text() == "/opt/lib\n"
+    assert (rootfs / "etc/ld-musl-x86_64.path").read_text().split() == ["/lib", "/opt/lib", LIBDIR]
+
+
+def test_ldconfig_container_path(rootfs, tmp_path):
+    with pytest.raises(NvhookError, match="ldconfig /sbin/ldconfig in the rootfs"):
+        in_ns(_ldconfig, rootfs, [LIBDIR], "/sbin/ldconfig")
+    (rootfs / "sbin/ldconfig").symlink_to("/usr" + HOST_LDCONFIG)   # host path: resolves inside
+    with pytest.raises(NvhookError, match="No such file"):
+        in_ns(_ldconfig, rootfs, [LIBDIR], "/sbin/ldconfig")
+    (rootfs / "sbin/ldconfig").unlink()
+    shutil.copy(HOST_LDCONFIG, rootfs / "sbin/ldconfig")
+    assert in_ns(_ldconfig, rootfs, [LIBDIR], "/sbin/ldconfig") == "ldconfig"
+    assert "libc.so.6" in _cache(rootfs)
+
+
+def test_ldconfig_errors(tmp_path, rootfs):
+    from libinject import ldconfig
+    script = tmp_path / "ldconfig.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    with pytest.raises(NvhookError, match="script"):
+        ldconfig.open_ldconfig(f"@{script}")
+    with pytest.raises(NvhookError, match="No such file"):
+        ldconfig.open_ldconfig(f"@{tmp_path}/missing")
+
+
+def _sandbox(rootfs, argv, timeout):
+    from libinject import ldconfig
+    r = _rootfs(rootfs)
+    fd = os.open(rootfs / "bin/busybox", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        ldconfig.run_sandboxed(r, fd, argv, timeout=timeout)
+        return "ok"
+    except NvhookError as e:
+        return str(e)
+
+
+def test_sandbox_environment_and_limits(rootfs):
+    """What runs in the sandbox: pivoted into the rootfs (no /proc), empty env (sh
+    itself sets PWD, SHLVL, PATH),
+    only stdio fds; failures and their last stderr line reach the caller."""
+    script = ("test -z \"$(env | grep -v -e ^PWD= -e ^SHLVL= -e ^_= -e ^PATH=)\" || exit 3; "
+              "test -e /bin/busybox || exit 4; "
+              "test -e /proc/self || test -e " + str(rootfs) + " || test -e /sbin/ldconfig && exit 5; "
+              "for i in 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19; do "
+              "(: >&$i) 2>&1 && exit 6; done; exit 0")
+    assert in_ns(_sandbox, rootfs, ["sh", "-c", script], 10) == "ok"
+    assert in_ns(_sandbox, rootfs, ["sh", "-c", "echo boom >&2; exit 7"], 10) == \
+        "ldconfig failed: exit status 7: boom"
+
+
+def test_sandbox_timeout(rootfs):
+    assert in_ns(_sandbox, rootfs, ["sleep", "10"], 0.5) == "ldconfig failed: timed out after 0.5s"
+
+
+def _caps_after_limit():
+    import prctl
+    from libinject.safefs import limit_capabilities
+    limit_capabilities({prctl.CAP_SYS_ADMIN, prctl.CAP_CHOWN})
+    status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines()
+                  if line.startswith("Cap"))
+    return {k: int(v, 16) for k, v in status.items()}
+
+
+def test_limit_capabilities():
+    caps = in_ns(_caps_after_limit)
+    want = (1 << 21) | (1 << 0)           # CAP_SYS_ADMIN, CAP_CHOWN
+    assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == want
+    assert caps["CapInh"] == 0
