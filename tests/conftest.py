@@ -55,18 +55,21 @@ def rootfs(tmp_path) -> Path:
     return build_rootfs(tmp_path / "rootfs")
 
 
-def host_mounts() -> list[str]:
-    """The host mount table's mount points, to check that nothing leaked."""
+def host_mounts(mine: str = "") -> list[str]:
+    """The host mount table's mount points, less other tests' scratch mounts under /tmp
+    (tests of other modules may run concurrently), but keeping any under `mine`."""
     with open("/proc/self/mountinfo") as f:
-        return sorted(line.split()[4] for line in f)
+        mps = [line.split()[4] for line in f]
+    return sorted(m for m in mps if not m.startswith("/tmp/") or (mine and m.startswith(mine)))
 
 
 @pytest.fixture
-def no_leaked_mounts():
-    """Fails the test if it leaves any mount behind in the host's mount namespace."""
-    before = host_mounts()
+def no_leaked_mounts(tmp_path):
+    """Fails the test if it leaves a mount behind in the host's mount namespace:
+    anywhere outside /tmp, or anywhere under this test's tmp_path."""
+    before = host_mounts(str(tmp_path))
     yield
-    assert host_mounts() == before
+    assert host_mounts(str(tmp_path)) == before
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:

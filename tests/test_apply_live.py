@@ -15,8 +15,7 @@ import pytest
 
 from libinject.edits import CudaCompatEdit, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from test_safefs import (no_leaked_mounts,  # noqa: F401 - fixture
-                         HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
+from test_safefs import (HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
                          snapshot)
 
 

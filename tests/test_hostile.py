@@ -18,7 +18,6 @@ import pytest
 
 from libinject.edits import CudaCompatEdit
 from libinject.errors import NvhookError
-from test_safefs import no_leaked_mounts  # noqa: F401 - fixture
 from test_safefs import LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot
 
 HOSTILE_DIRS = [LIBDIR, "/usr/bin", "/lib/firmware", "/proc/driver", "/dev",

@@ -157,24 +157,6 @@ def make_host(h: Path, *, ngpu: int = 4, nlibs: int = 12) -> ContainerEdits:
         cgroup_rules=tuple(CgroupRule(d.major, d.minor) for d in devs))
 
 
-def _host_table(tmp_path: Path) -> list[str]:
-    """Host mount points, less other tests' scratch mounts under /tmp (podman and
-    runc tests of other modules mount and unmount there concurrently on a shared VM)."""
-    mine = str(tmp_path)
-    with open("/proc/self/mountinfo") as f:
-        mps = [line.split()[4] for line in f]
-    return sorted(m for m in mps if not m.startswith("/tmp/") or m.startswith(mine))
-
-
-@pytest.fixture
-def no_leaked_mounts(tmp_path):
-    """conftest's check, tolerant of concurrent tests' mounts in other /tmp dirs:
-    nothing may appear outside /tmp, nor anywhere under this test's tmp_path."""
-    before = _host_table(tmp_path)
-    yield
-    assert _host_table(tmp_path) == before
-
-
 # -- RootFS --------------------------------------------------------------------------
 def _rootfs(path):
     from libinject.safefs import RootFS

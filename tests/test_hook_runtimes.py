@@ -1,0 +1,246 @@
+"""The hook under real runtimes on a simulated a100x8 host: runc (cgroup v1 and v2), crun,
+podman (--hooks-dir) and containerd (ctr run --config).
+
+A container with NVIDIA_VISIBLE_DEVICES=1 sees only GPU 1 in the simulated nvidia-smi, can
+open /dev/nvidia1 (ENXIO: the cgroup lets it through) but not /dev/nvidia0 (EPERM);
+`void` leaves it untouched; an unknown device or an unsatisfied requirement fails the
+create with nvhook's message.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import hookenv
+from support.runc import RuncContainer, RuncError
+
+PROBE = ("nvidia-smi -L; for d in /dev/nvidia0 /dev/nvidia1; do "
+         "dd if=$d of=/dev/null bs=1 count=0 2>&1 | grep -o \"can't open.*\" || echo \"$d: OK\"; done")
+UNTOUCHED = "ls /dev; grep -c nvidia /proc/self/mountinfo; test -e /usr/bin/nvidia-smi && echo HAS-SMI; true"
+ENV = ["PATH=/usr/bin:/bin"]
+
+
+@pytest.fixture(scope="module")
+def host(sim_host) -> Path:
+    return sim_host("a100x8")
+
+
+@pytest.fixture(scope="module")
+def gpu_uuids(host) -> list[str]:
+    out = subprocess.run(["chroot", str(host), "/usr/bin/nvidia-smi", "-L"], capture_output=True,
+                         text=True, check=True).stdout
+    return re.findall(r"UUID: (GPU-[0-9a-f-]+)", out)
+
+
+@pytest.fixture
+def hook_config(tmp_path, host) -> Path:
+    return hookenv.write_config(tmp_path / "config.toml", host, log=tmp_path / "hook.log")
+
+
+def assert_only_gpu1(out: str, uuids: list[str]) -> None:
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [uuids[1]], out
+    assert "can't open '/dev/nvidia0': Operation not permitted" in out, out
+    assert "can't open '/dev/nvidia1': No such device or address" in out, out
+
+
+def assert_untouched(out: str) -> None:
+    assert not re.search(r"^nvidia(ctl|-uvm|[1-9])", out, re.M), out   # nothing injected in /dev
+    assert re.search(r"^0$", out, re.M), out               # no nvidia mounts
+    assert "HAS-SMI" not in out
+
+
+def _runc(tmp_path, hook_config, env, args, mode="v1", stage="prestart"):
+    return RuncContainer(tmp_path, mode=mode, args=["sh", "-c", args], env=ENV + env,
+                         devices=[("/dev/nvidia0", 195, 0)],
+                         hooks={stage: [hookenv.hook_entry(hook_config, stage)]})
+
+
+# -- runc ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["v1", "v2"])
+def test_runc_gpu1(tmp_path, hook_config, gpu_uuids, mode):
+    with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, mode) as c:
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    log = (tmp_path / "hook.log").read_text()
+    assert "prestart: configuring" in log and "prestart: done" in log
+
+
+@pytest.mark.parametrize("mode", ["v1", "v2"])
+def test_runc_void_untouched(tmp_path, hook_config, mode):
+    with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED, mode) as c:
+        r = c.run()
+    assert r.returncode == 0, r.stderr
+    assert_untouched(r.stdout)
+
+
+def test_runc_by_uuid_and_all_caps(tmp_path, hook_config, gpu_uuids):
+    env = [f"NVIDIA_VISIBLE_DEVICES={gpu_uuids[1]}", "NVIDIA_DRIVER_CAPABILITIES=all"]
+    with _runc(tmp_path, hook_config, env, PROBE) as c:
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+
+
+@pytest.mark.parametrize("env, message", [
+    (["NVIDIA_VISIBLE_DEVICES=9"], "nvhook: unknown device: 9"),
+    (["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_REQUIRE_CUDA=cuda>=99.0"],
+     "unsatisfied condition: cuda>=99.0, please update your driver"),
+    (["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"],
+     "nvhook: unsupported capabilities found in NVIDIA_DRIVER_CAPABILITIES=compute,warp"),
+    (["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_MIG_CONFIG_DEVICES=all"],
+     "nvhook: cannot set NVIDIA_MIG_CONFIG_DEVICES in non privileged container"),
+])
+def test_runc_create_fails_with_our_message(tmp_path, hook_config, env, message):
+    with _runc(tmp_path, hook_config, env, "sleep 100") as c:
+        with pytest.raises(RuncError) as e:
+            c.create()
+        rootfs = str(c.rootfs)
+    assert message in str(e.value)
+    with open("/proc/self/mountinfo") as f:
+        assert rootfs not in f.read()
+
+
+def test_runc_legacy_cuda_image_gets_all_gpus(tmp_path, hook_config, gpu_uuids):
+    with _runc(tmp_path, hook_config, ["CUDA_VERSION=12.2.0"], "nvidia-smi -L") as c:
+        r = c.run()
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", r.stdout) == gpu_uuids, r.stdout + r.stderr
+    with _runc(tmp_path, hook_config, ["CUDA_VERSION=12.5.0"], "true") as c:
+        with pytest.raises(RuncError, match=r"unsatisfied condition: cuda>=12\.5"):
+            c.create()
+
+
+def test_runc_cdi_annotation(tmp_path, hook_config, gpu_uuids):
+    with _runc(tmp_path, hook_config, [], PROBE) as c:
+        c.config["annotations"] = {"cdi.k8s.io/gpus": "nvidia.com/gpu=1"}
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+
+
+def test_runc_poststart_poststop_do_nothing(tmp_path, hook_config):
+    hooks = {s: [hookenv.hook_entry(hook_config, s)] for s in ("poststart", "poststop")}
+    with RuncContainer(tmp_path, args=["sh", "-c", UNTOUCHED], env=ENV + ["NVIDIA_VISIBLE_DEVICES=1"],
+                       hooks=hooks) as c:
+        r = c.run()
+    assert r.returncode == 0, r.stderr
+    assert_untouched(r.stdout)
+
+
+# -- crun ---------------------------------------------------------------------------------
+
+def _crun(tmp_path, hook_config, env, args, annotations=None):
+    with _runc(tmp_path, hook_config, env, args) as c:   # the bundle; crun runs it
+        c.config["annotations"] = dict(annotations or {})
+        c.write_config()
+        return hookenv.crun_run(c.bundle, c.id, tmp_path / "crun-state")
+
+
+def test_crun_gpu1(tmp_path, hook_config, gpu_uuids):
+    r = _crun(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE)
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert "status=created" in (tmp_path / "hook.log").read_text()   # crun's prestart status
+
+
+def test_crun_void_and_errors(tmp_path, hook_config):
+    r = _crun(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED)
+    assert r.returncode == 0, r.stderr
+    assert_untouched(r.stdout)
+    # crun drops a hook's stderr unless run.oci.hooks.stderr names a file for it
+    err = tmp_path / "hook.stderr"
+    r = _crun(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=9"], "true",
+              {"run.oci.hooks.stderr": str(err)})
+    assert r.returncode != 0 and "error executing hook" in r.stderr
+    assert err.read_text() == "nvhook: unknown device: 9\n"
+    assert "ERROR" in (tmp_path / "hook.log").read_text()
+
+
+# -- podman -------------------------------------------------------------------------------
+
+PODMAN_PROBE = ("nvidia-smi -L; mknod /dev/n0 c 195 0; mknod /dev/n1 c 195 1; for d in /dev/n0 /dev/n1; do "
+                "dd if=$d of=/dev/null bs=1 count=0 2>&1 | grep -o \"can't open.*\" || echo \"$d: OK\"; done")
+
+
+@pytest.fixture
+def podman():
+    # A short state path: conmon's attach socket lives under it (sun_path is 108 bytes;
+    # under pytest's tmp_path podman waits out conmon's 20 s timeout instead).
+    import shutil
+    import tempfile
+
+    state = Path(tempfile.mkdtemp(prefix="pm", dir="/tmp"))
+    p = hookenv.Podman(state)
+    yield p
+    p.cleanup()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+def hooks_dir(tmp_path, hook_config) -> Path:
+    from libinject import hookinstall
+
+    d = tmp_path / "hooks.d"
+    hookinstall.install(str(d), "always", hookenv.ensure_front(), str(hook_config))
+    return d
+
+
+def test_podman_hooks_dir(tmp_path, podman, hooks_dir, rootfs, gpu_uuids):
+    r = podman.run(hooks_dir, rootfs, ["sh", "-c", PODMAN_PROBE], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    out = r.stdout + r.stderr
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [gpu_uuids[1]], out
+    assert "can't open '/dev/n0': Operation not permitted" in out, out
+    assert "can't open '/dev/n1': No such device or address" in out, out
+    # the throw-away overlay kept the rootfs itself clean
+    assert not (rootfs / "usr/bin/nvidia-smi").exists()
+
+
+def test_podman_void_and_error(podman, hooks_dir, rootfs):
+    r = podman.run(hooks_dir, rootfs, ["sh", "-c", UNTOUCHED], env=["NVIDIA_VISIBLE_DEVICES=void"])
+    assert r.returncode == 0, r.stderr
+    assert_untouched(r.stdout)
+    r = podman.run(hooks_dir, rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=9"])
+    assert r.returncode != 0 and "nvhook: unknown device: 9" in r.stderr
+
+
+def test_podman_annotation_gated_hook(tmp_path, podman, hook_config, rootfs, gpu_uuids):
+    from libinject import hookinstall
+
+    d = tmp_path / "hooks-annotated.d"
+    hookinstall.install(str(d), "annotation", hookenv.ensure_front(), str(hook_config))
+    # no annotation: the hook is not even injected, whatever the env says
+    r = podman.run(d, rootfs, ["sh", "-c", UNTOUCHED], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    assert r.returncode == 0, r.stderr
+    assert_untouched(r.stdout)
+    assert not (tmp_path / "hook.log").exists()
+    r = podman.run(d, rootfs, ["nvidia-smi", "-L"], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", r.stdout) == [gpu_uuids[1]], r.stdout + r.stderr
+
+
+# -- containerd ---------------------------------------------------------------------------
+
+def test_containerd_ctr_run_config(tmp_path, hook_config, gpu_uuids):
+    ctrd = hookenv.Containerd(tmp_path / "containerd")
+    try:
+        with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
+            r = ctrd.run(c.config, "gpu1")
+        assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+        with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED) as c:
+            r = ctrd.run(c.config, "void")
+        assert r.returncode == 0, r.stderr
+        assert_untouched(r.stdout)
+        with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=9"], "true") as c:
+            r = ctrd.run(c.config, "bad")
+        assert r.returncode != 0 and "nvhook: unknown device: 9" in r.stderr
+    finally:
+        ctrd.stop()
+
+
+def test_runc_create_container_stage_v2(tmp_path, hook_config, gpu_uuids):
+    # createContainer runs inside the container's namespaces (runc: pid 1 in the state);
+    # the hook stands in its own pid. (cgroup v1 is not covered: there the container's
+    # read-only cgroup mounts are what the hook sees.)
+    with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v2", "createContainer") as c:
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert "createContainer: done" in (tmp_path / "hook.log").read_text()
