@@ -17,7 +17,13 @@ $(VENV)/.installed: $(NATIVE_SRC)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-venv: deps $(VENV)/.installed
+# The hook's compiled front (csrc/hookfront.c): static where libc.a allows, so no dynamic
+# loader (nor LD_PRELOAD) runs in it; it execs this venv's python for GPU containers.
+$(VENV)/bin/nvhook-hook: csrc/hookfront.c $(VENV)/.installed
+	$(CC) -O2 -Wall -static -DNVHOOK_PYTHON='"$(abspath $(PY))"' -o $@ csrc/hookfront.c 2>/dev/null || \
+	$(CC) -O2 -Wall -DNVHOOK_PYTHON='"$(abspath $(PY))"' -o $@ csrc/hookfront.c
+
+venv: deps $(VENV)/.installed $(VENV)/bin/nvhook-hook
 
 demo: venv
 	sh scripts/demo

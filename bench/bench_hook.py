@@ -1,0 +1,152 @@
+"""The OCI hook's cost: `runc run` of a small container with the hook against the same
+without a hook, in one run, on a simulated a100x8 host.
+
+Cases: no hook (baseline); hook + a container that wants no GPU; 1 GPU utility,compute;
+all 8 GPUs with all capabilities. Prints the added milliseconds (median, p90) and the
+ratio to NVIDIA's stack measured on this machine kind (hook + nvidia-container-cli:
+~32 ms for 1 GPU, ~36 ms for 8 GPUs all caps; its Go hook alone ~5-7 ms for no GPU).
+Then 20 containers with 1 GPU started in parallel: all must succeed.
+
+    .venv/bin/python bench/bench_hook.py [--runs N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+NVIDIA_MS = {"no GPU": 6.0, "1 GPU utility,compute": 32.0, "8 GPUs all caps": 36.0}
+CASES = {
+    "no hook": None,
+    "no GPU": [],
+    "1 GPU utility,compute": ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility,compute"],
+    "8 GPUs all caps": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"],
+}
+
+
+def _bundle(work: Path, name: str, rootfs: Path, env: list[str] | None, hook: dict) -> Path:
+    b = work / f"bundle-{name.replace(' ', '_').replace(',', '')}"
+    b.mkdir()
+    subprocess.run([RUNC, "spec", "--bundle", str(b)], check=True)
+    cfg = json.loads((b / "config.json").read_text())
+    cfg["root"] = {"path": str(rootfs), "readonly": False}
+    cfg["process"].update(terminal=False, args=["true"], env=["PATH=/usr/bin:/bin", *(env or [])])
+    if env is not None:
+        cfg["hooks"] = {"prestart": [hook]}
+    (b / "config.json").write_text(json.dumps(cfg))
+    return b
+
+
+def _run(state: Path, bundle: Path, cid: str) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    r = subprocess.run([RUNC, "--root", str(state), "run", "--bundle", str(bundle), cid],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return (time.perf_counter() - t) * 1000, r
+
+
+def _p90(xs: list[float]) -> float:
+    return sorted(xs)[max(0, int(round(0.9 * len(xs))) - 1)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--parallel", type=int, default=20)
+    ap.add_argument("--no-snapshot", action="store_true", help="rediscover the driver on every start")
+    opts = ap.parse_args()
+    snapshot = "false" if opts.no_snapshot else "true"
+
+    from libinject.sim.build import create_host
+    from libinject.sim.rootfs import build_rootfs
+    from support import hookenv
+
+    work = Path(tempfile.mkdtemp(prefix="nvhook-bench-hook-"))
+    try:
+        host = create_host(work / "host", profile="a100x8")
+        rootfs = build_rootfs(work / "rootfs")
+        cfg = work / "config.toml"
+        cfg.write_text(f'[nvidia-container-cli]\nroot = "{host}"\n'
+                       f'[nvhook]\nsnapshot = {snapshot}\nsnapshot-dir = "{work}/snapshots"\n')
+        hook = hookenv.hook_entry(cfg)
+        state = work / "runc"
+        bundles = {name: _bundle(work, name, rootfs, env, hook) for name, env in CASES.items()}
+
+        # warm-up: page cache, discovery snapshot
+        for name, b in bundles.items():
+            ms, r = _run(state, b, "warm")
+            if r.returncode != 0:
+                print(f"{name}: runc run failed: {r.stderr.strip()}")
+                return 1
+        times: dict[str, list[float]] = {n: [] for n in CASES}
+        for i in range(opts.runs):            # interleaved, so drift hits every case alike
+            for name, b in bundles.items():
+                ms, r = _run(state, b, f"c{i}")
+                if r.returncode != 0:
+                    print(f"{name}: runc run failed: {r.stderr.strip()}")
+                    return 1
+                times[name].append(ms)
+
+        base = statistics.median(times["no hook"])
+        base90 = _p90(times["no hook"])
+        print(f"runc run, {opts.runs} runs each (ms): median / p90 of the whole run; added = minus 'no hook'")
+        print(f"  {'no hook':24s} {base:7.1f} / {base90:6.1f}")
+        ok = True
+        for name in list(CASES)[1:]:
+            med, p90 = statistics.median(times[name]), _p90(times[name])
+            added, added90 = med - base, p90 - base90
+            ref = NVIDIA_MS[name]
+            target = ref if name == "no GPU" else ref / 2
+            verdict = "ok" if added <= target else "over target"
+            ok &= added <= target
+            print(f"  {name:24s} {med:7.1f} / {p90:6.1f}   added {added:6.1f} / {added90:6.1f}   "
+                  f"x{med / base:.2f} of runc run   {added / ref:.2f} of NVIDIA's {ref:.0f} ms "
+                  f"(target <= {target:.0f} ms: {verdict})")
+
+        # The hook process alone, for a container that wants no GPU (no runc around it).
+        st = json.dumps({"ociVersion": "1.0.2-dev", "id": "x", "status": "creating", "pid": 1,
+                         "bundle": str(bundles["no GPU"])}).encode()
+        front = []
+        for _ in range(opts.runs):
+            t = time.perf_counter()
+            subprocess.run([hook["path"], "--config", str(cfg), "prestart"], input=st, check=True, env={})
+            front.append((time.perf_counter() - t) * 1000)
+        print(f"  hook process alone, no GPU: median {statistics.median(front):.2f} ms, p90 {_p90(front):.2f} ms")
+
+        # 20 GPU containers at once, each with its own rootfs (as image layers would give them;
+        # one shared rootfs would have 20 ldconfigs renaming the same ld.so.cache).
+        env = CASES["1 GPU utility,compute"]
+        par = []
+        for i in range(opts.parallel):
+            own = work / f"rootfs-{i}"
+            subprocess.run(["cp", "-a", str(rootfs), str(own)], check=True)
+            par.append(_bundle(work, f"par{i}", own, env, hook))
+        t = time.perf_counter()
+        with ThreadPoolExecutor(opts.parallel) as pool:
+            results = list(pool.map(lambda i: _run(state, par[i], f"par{i}"), range(opts.parallel)))
+        wall = (time.perf_counter() - t) * 1000
+        failed = [r.stderr.strip() for _, r in results if r.returncode != 0]
+        print(f"  {opts.parallel} containers (1 GPU) in parallel: {opts.parallel - len(failed)} ok, "
+              f"{len(failed)} failed, {wall:.0f} ms wall")
+        for f in failed[:3]:
+            print(f"    {f}")
+        return 0 if not failed else 1
+    finally:
+        subprocess.run(["sh", "-c", f'for c in $({RUNC} --root "{work}/runc" list -q 2>/dev/null); do '
+                        f'{RUNC} --root "{work}/runc" delete -f "$c"; done'], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

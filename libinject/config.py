@@ -1,0 +1,226 @@
+"""config.toml: NVIDIA's nvidia-container-runtime configuration, plus [nvhook].
+
+Where it is read from (first that applies):
+  1. an explicit path (`--config`), then $NVHOOK_CONFIG: must exist;
+  2. ${XDG_CONFIG_HOME:-/etc}/nvidia-container-runtime/config.toml: defaults if absent.
+
+Sections and keys are NVIDIA's (TOML names; Python names replace "-" with "_"), with
+NVIDIA's defaults, so an existing NVIDIA config keeps working. Unknown keys and
+sections are ignored (NVIDIA configs carry more than we read); a key we know with the
+wrong type is an error naming the key and the file.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+
+from libinject.errors import NvhookError
+
+ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+CONFIG_REL = "nvidia-container-runtime/config.toml"
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ContainerCliConfig:
+    """[nvidia-container-cli]: what NVIDIA passes to nvidia-container-cli."""
+    root: str = ""                      # driver root ("" = /)
+    path: str = ""                      # nvidia-container-cli path (unused by nvhook)
+    ldconfig: str = "@/sbin/ldconfig"
+    no_cgroups: bool = False
+    user: str = ""                      # "UID[:GID]" or "name[:group]" for discovery
+    debug: str = ""                     # log file
+    ldcache: str = ""
+    load_kmods: bool = True
+    environment: tuple[str, ...] = ()
+    no_pivot: bool = False
+
+
+@dataclass(frozen=True)
+class CdiModeConfig:
+    default_kind: str = "nvidia.com/gpu"
+    annotation_prefixes: tuple[str, ...] = ("cdi.k8s.io/",)
+    spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+
+
+@dataclass(frozen=True)
+class CsvModeConfig:
+    mount_spec_path: str = "/etc/nvidia-container-runtime/host-files-for-container.d"
+
+
+@dataclass(frozen=True)
+class LegacyModeConfig:
+    cuda_compat_mode: str = "ldconfig"
+
+
+@dataclass(frozen=True)
+class ModesConfig:
+    cdi: CdiModeConfig = field(default_factory=CdiModeConfig)
+    csv: CsvModeConfig = field(default_factory=CsvModeConfig)
+    legacy: LegacyModeConfig = field(default_factory=LegacyModeConfig)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """[nvidia-container-runtime]: the shim's settings."""
+    mode: str = "auto"
+    runtimes: tuple[str, ...] = ("docker-runc", "runc", "crun")
+    debug: str = "/dev/null"
+    log_level: str = "info"
+    modes: ModesConfig = field(default_factory=ModesConfig)
+
+
+@dataclass(frozen=True)
+class RuntimeHookConfig:
+    """[nvidia-container-runtime-hook]."""
+    path: str = "nvidia-container-runtime-hook"
+    skip_mode_detection: bool = False
+
+
+@dataclass(frozen=True)
+class NvhookConfig:
+    """[nvhook]: what is ours."""
+    nvml_timeout: float = 10.0          # seconds; a hung driver fails the container
+    snapshot: bool = True               # cache discovery results
+    snapshot_dir: str = ""              # "" = discovery's default
+    dev_root: str = ""                  # where dev/ and proc/ are read ("" = driver root)
+    log_file: str = ""                  # hook log ("" = [nvidia-container-cli] debug)
+    log_level: str = ""                 # "" = [nvidia-container-runtime] log-level
+
+
+@dataclass(frozen=True)
+class Config:
+    disable_require: bool = False
+    supported_driver_capabilities: str = ",".join(ALL_CAPABILITIES)
+    swarm_resource: str = ""
+    accept_nvidia_visible_devices_envvar_when_unprivileged: bool = True
+    accept_nvidia_visible_devices_as_volume_mounts: bool = False
+    nvidia_container_cli: ContainerCliConfig = field(default_factory=ContainerCliConfig)
+    nvidia_container_runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    nvidia_container_runtime_hook: RuntimeHookConfig = field(default_factory=RuntimeHookConfig)
+    nvhook: NvhookConfig = field(default_factory=NvhookConfig)
+    source: str = ""                    # file it was read from ("" = built-in defaults)
+
+    # Short names for what the hook reads most.
+    @property
+    def cli(self) -> ContainerCliConfig:
+        return self.nvidia_container_cli
+
+    @property
+    def runtime(self) -> RuntimeConfig:
+        return self.nvidia_container_runtime
+
+    def supported_capabilities(self) -> frozenset[str]:
+        """supported-driver-capabilities as a set ("all" = every capability)."""
+        value = self.supported_driver_capabilities
+        caps = {c.strip() for c in value.split(",") if c.strip()}
+        if "all" in caps:
+            return frozenset(ALL_CAPABILITIES)
+        bad = sorted(caps - set(ALL_CAPABILITIES))
+        if bad:
+            raise NvhookError(
+                f"{self.source or 'config'}: supported-driver-capabilities: unknown "
+                f"{','.join(bad)} (allowed: {','.join(ALL_CAPABILITIES)})")
+        return frozenset(caps)
+
+    def swarm_resource_envvars(self) -> tuple[str, ...]:
+        return tuple(v.strip() for v in self.swarm_resource.split(",") if v.strip())
+
+    def log_file(self) -> str:
+        return self.nvhook.log_file or self.cli.debug
+
+    def log_level(self) -> str:
+        return (self.nvhook.log_level or self.runtime.log_level or "info").lower()
+
+
+def config_path(explicit: str | None = None, environ: dict[str, str] | None = None) -> tuple[str, bool]:
+    """(path, required): where the config is read from, and whether it must exist."""
+    env = os.environ if environ is None else environ
+    if explicit:
+        return explicit, True
+    if env.get("NVHOOK_CONFIG"):
+        return env["NVHOOK_CONFIG"], True
+    base = env.get("XDG_CONFIG_HOME") or "/etc"
+    return os.path.join(base, CONFIG_REL), False
+
+
+def load(explicit: str | None = None, environ: dict[str, str] | None = None) -> Config:
+    """The effective configuration; NvhookError for a missing explicit file or bad content."""
+    path, required = config_path(explicit, environ)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        if required:
+            raise NvhookError(f"config file {path} not found") from None
+        return Config()
+    except OSError as e:
+        raise NvhookError(f"cannot read config file {path}: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise NvhookError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    return parse(data, path)
+
+
+def parse(data: bytes | str, source: str = "<config>") -> Config:
+    import tomllib
+
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+        table = tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise NvhookError(f"{source}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise NvhookError(f"{source}: invalid TOML: {e}") from None
+    cfg = _build(Config, table, source, "")
+    cfg = replace(cfg, source=source)
+    cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
+    return cfg
+
+
+def _build(cls: type, table: dict[str, object], source: str, prefix: str):
+    """Instantiate dataclass cls from a TOML table, checking the types of known keys."""
+    # Annotations are strings (postponed evaluation): resolve them here, without typing.
+    names = vars(sys.modules[cls.__module__])
+    kwargs: dict[str, object] = {}
+    for f in fields(cls):
+        if f.name == "source":
+            continue
+        key = f.name.replace("_", "-")
+        if key not in table:
+            continue
+        value = table[key]
+        where = f"{prefix}{key}"
+        kwargs[f.name] = _convert(names.get(f.type, f.type), value, source, where)
+    return cls(**kwargs)
+
+
+def _convert(tp: object, value: object, source: str, where: str) -> object:
+    def bad(expected: str) -> NvhookError:
+        return NvhookError(f"{source}: {where}: expected {expected}, got {type(value).__name__} {value!r}")
+
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad("a table")
+        return _build(tp, value, source, where + ".")
+    if tp == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if tp == "str":
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if tp == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if tp == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if tp == "tuple[str, ...]":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad("a list of strings")
+        return tuple(value)
+    raise AssertionError(f"config type {tp} not handled")  # a bug in the dataclasses above

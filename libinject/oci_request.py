@@ -1,0 +1,232 @@
+"""OCI spec + config -> Request: what a container asks for (DESIGN.md §3).
+
+Pure: no I/O, no imports beyond the Request type. Mirrors nvidia-container-runtime-hook
+(container_config.go and internal/config/image):
+
+- devices, first that gives any: `/dev/null` volume mounts under
+  /var/run/nvidia-container-devices (only when accept-nvidia-visible-devices-as-volume-mounts);
+  CDI annotations naming the default kind (`cdi.k8s.io/*: nvidia.com/gpu=1`; ours: the
+  annotation-gated hooks.d config relies on it); the swarm-resource variables if the image
+  sets any of them, else NVIDIA_VISIBLE_DEVICES. An env list from an unprivileged container
+  is ignored unless accept-nvidia-visible-devices-envvar-when-unprivileged (default true).
+  void / empty / unset -> not a GPU container (None); with a legacy CUDA_VERSION image,
+  unset means all. Among several values void > none > all > a list.
+- capabilities: unset -> utility,compute; `all` -> every supported; a legacy image with
+  the variable unset -> every supported; an unknown or unsupported one is an error.
+- requirements: every NVIDIA_REQUIRE_* but JETPACK, ordered by variable name, plus
+  cuda>=MAJOR.MINOR for a legacy image; none when disabled (config or NVIDIA_DISABLE_REQUIRE).
+- MIG config/monitor and IMEX channels: privileged containers only (CAP_SYS_ADMIN in the
+  bounding set).
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from libinject.errors import NvhookError
+from libinject.request import Request
+
+ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})
+DEVICES_ROOT = "/var/run/nvidia-container-devices"
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+CAPS = "NVIDIA_DRIVER_CAPABILITIES"
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
+REQUIRE_CUDA = "NVIDIA_REQUIRE_CUDA"
+REQUIRE_JETPACK = "NVIDIA_REQUIRE_JETPACK"
+DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
+CUDA_VERSION = "CUDA_VERSION"
+MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
+IMEX = "NVIDIA_IMEX_CHANNELS"
+CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+# Go's strconv.ParseBool, which NVIDIA uses for NVIDIA_DISABLE_REQUIRE.
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+# Go's semver as NVIDIA applies it to CUDA_VERSION: vMAJOR[.MINOR[.PATCH]][-pre][+build]
+_SEMVER = re.compile(r"^v?(0|[1-9]\d*)(?:\.(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?)?"
+                     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+def container_env(spec: dict[str, Any]) -> dict[str, str]:
+    """process.env as a dict (a later entry wins, as in NVIDIA's hook)."""
+    env: dict[str, str] = {}
+    for item in (spec.get("process") or {}).get("env") or ():
+        if isinstance(item, str) and "=" in item:
+            k, v = item.split("=", 1)
+            env[k] = v
+    return env
+
+
+def is_privileged(spec: dict[str, Any]) -> bool:
+    """CAP_SYS_ADMIN in the bounding set (a bare list for pre-rc5 specs)."""
+    caps = (spec.get("process") or {}).get("capabilities")
+    if isinstance(caps, list):
+        return CAP_SYS_ADMIN in caps
+    if isinstance(caps, dict):
+        return CAP_SYS_ADMIN in (caps.get("bounding") or ())
+    return False
+
+
+def is_legacy(env: dict[str, str]) -> bool:
+    return bool(env.get(CUDA_VERSION)) and not env.get(REQUIRE_CUDA)
+
+
+def wants_gpu(spec: dict[str, Any], config) -> bool:
+    """Whether the container asks for GPUs at all (the hook's early exit)."""
+    env = container_env(spec)
+    return _devices(spec, env, config, is_privileged(spec)) is not None
+
+
+def request_from_spec(spec: dict[str, Any], config, log=None) -> Request | None:
+    """The container's Request, or None for a container that wants no GPU.
+
+    config is a libinject.config.Config; log(msg) receives one line per decision.
+    """
+    say = log or (lambda msg: None)
+    env = container_env(spec)
+    privileged = is_privileged(spec)
+    devices = _devices(spec, env, config, privileged, say)
+    if devices is None:
+        say("not a GPU container")
+        return None
+    legacy = is_legacy(env)
+    mig_config = _privileged_only(env, MIG_CONFIG, privileged)
+    mig_monitor = _privileged_only(env, MIG_MONITOR, privileged)
+    imex = _privileged_only(env, IMEX, privileged)
+    caps = _capabilities(env, config, legacy)
+    disable = config.disable_require or env.get(DISABLE_REQUIRE, "") in _TRUE
+    requirements = () if disable else _requirements(env, legacy)
+    say(f"devices={devices} capabilities={','.join(sorted(caps))} privileged={privileged}"
+        f" legacy={legacy} requirements={list(requirements)} disable_require={disable}")
+    return Request(
+        devices=devices,
+        capabilities=caps,
+        requirements=requirements,
+        disable_require=disable,
+        mig_config=mig_config,
+        mig_monitor=mig_monitor,
+        imex_channels=imex,
+        no_cgroups=config.cli.no_cgroups,
+        cuda_compat_mode=config.runtime.modes.legacy.cuda_compat_mode,
+        ldconfig=config.cli.ldconfig,
+        env=env,
+    )
+
+
+def _devices(spec, env, config, privileged, say=lambda m: None) -> str | None:
+    if config.accept_nvidia_visible_devices_as_volume_mounts:
+        found = devices_from_mounts(spec.get("mounts") or ())
+        if found:
+            say(f"devices from volume mounts: {','.join(found)}")
+            return ",".join(found)
+    found = devices_from_annotations(spec.get("annotations") or {}, config)
+    if found:
+        say(f"devices from CDI annotations: {','.join(found)}")
+        return _special(found)
+    swarm = [v for v in config.swarm_resource_envvars() if v in env]
+    names = swarm or [VISIBLE]
+    tokens = [t.strip() for n in names for t in env.get(n, "").split(",") if t.strip()]
+    if not tokens:
+        if not any(n in env for n in names) and is_legacy(env):
+            tokens = ["all"]  # legacy image, variable unset: all GPUs
+        else:
+            return None
+    devices = _special(tokens)
+    if devices is None:
+        return None
+    if not privileged and not config.accept_nvidia_visible_devices_envvar_when_unprivileged:
+        say(f"ignoring {'/'.join(names)} in an unprivileged container "
+            "(accept-nvidia-visible-devices-envvar-when-unprivileged = false)")
+        return None
+    return devices
+
+
+def _special(tokens: list[str]) -> str | None:
+    """void > none > all > the list itself (NVIDIA's NewVisibleDevices)."""
+    if "void" in tokens or "" in tokens:
+        return None
+    if "none" in tokens:
+        return "none"
+    if "all" in tokens:
+        return "all"
+    return ",".join(tokens)
+
+
+def devices_from_mounts(mounts) -> list[str]:
+    """Device ids from `/dev/null` mounted at /var/run/nvidia-container-devices/<id>."""
+    out: list[str] = []
+    for m in mounts:
+        if not isinstance(m, dict) or not isinstance(m.get("source"), str):
+            continue
+        if posixpath.normpath(m["source"]) != "/dev/null":
+            continue
+        dest = posixpath.normpath(str(m.get("destination", "")))
+        if not dest.startswith(DEVICES_ROOT):
+            continue
+        dev = dest[len(DEVICES_ROOT):].lstrip("/")
+        if dev:
+            out.append(dev)
+    return out
+
+
+def devices_from_annotations(annotations: dict, config) -> list[str]:
+    """Device names of the default CDI kind from annotations with a configured prefix,
+    values "nvidia.com/gpu=0,nvidia.com/gpu=GPU-..." (keys sorted for a stable order)."""
+    cdi = config.runtime.modes.cdi
+    kind = cdi.default_kind + "="
+    out: list[str] = []
+    for key in sorted(annotations):
+        if not any(key.startswith(p) for p in cdi.annotation_prefixes):
+            continue
+        value = annotations[key]
+        if not isinstance(value, str):
+            continue
+        for item in value.split(","):
+            item = item.strip()
+            if item.startswith(kind) and item[len(kind):]:
+                out.append(item[len(kind):])
+    return out
+
+
+def _privileged_only(env: dict[str, str], name: str, privileged: bool) -> str | None:
+    value = env.get(name, "")
+    if not value:
+        return None
+    if not privileged:
+        raise NvhookError(f"cannot set {name} in non privileged container")
+    return value
+
+
+def _capabilities(env: dict[str, str], config, legacy: bool) -> frozenset[str]:
+    supported = config.supported_capabilities()
+    if CAPS not in env and legacy:
+        return supported
+    value = env.get(CAPS, "")
+    if not value:
+        return DEFAULT_CAPABILITIES & supported
+    asked = {c.strip() for c in value.split(",") if c.strip()}
+    if "all" in asked:
+        return supported
+    unknown = asked - supported
+    if unknown:
+        raise NvhookError(
+            f"unsupported capabilities found in {CAPS}={value} "
+            f"(allowed: {','.join(sorted(supported))})")
+    return frozenset(asked)
+
+
+def _requirements(env: dict[str, str], legacy: bool) -> tuple[str, ...]:
+    reqs = [env[k] for k in sorted(env)
+            if k.startswith(REQUIRE_PREFIX) and not k.startswith(REQUIRE_JETPACK) and env[k].strip()]
+    if legacy:
+        reqs.append(f"cuda>={legacy_cuda_version(env[CUDA_VERSION])}")
+    return tuple(reqs)
+
+
+def legacy_cuda_version(version: str) -> str:
+    """CUDA_VERSION "10.0.130" -> "10.0" (as Go's semver.MajorMinor)."""
+    m = _SEMVER.match(version.strip())
+    if not m:
+        raise NvhookError(f"invalid {CUDA_VERSION}={version}: not a version")
+    return f"{m.group(1)}.{m.group(2) or 0}"

@@ -1,0 +1,30 @@
+"""nvhook hooks print|install: the hooks.d configs for CRI-O and podman."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = ("Print or install an OCI hooks.d config (1.0.0) that runs nvhook as the "
+                     "prestart hook of every container (default) or of annotated ones only.")
+    p.add_argument("action", choices=("print", "install"))
+    p.add_argument("--dir", default=None,
+                   help="hooks directory (install; default /usr/share/containers/oci/hooks.d)")
+    p.add_argument("--hook-path", metavar="P", help="hook executable (default: nvhook-hook next to this python)")
+    p.add_argument("--annotation", action="store_true",
+                   help="run only for containers with a cdi.k8s.io/* annotation naming nvidia.com/gpu devices")
+    p.add_argument("--hook-config", metavar="FILE", help="config.toml the hook reads (default: its own lookup)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from libinject import hookinstall
+
+    variant = "annotation" if args.annotation else "always"
+    config = args.hook_config or args.config   # `nvhook --config X hooks ...`: the hook reads X
+    if args.action == "print":
+        path = args.hook_path or hookinstall.default_hook_path()
+        print(hookinstall.dumps(hookinstall.render(variant, path, config)), end="")
+        return 0
+    target = hookinstall.install(args.dir or hookinstall.DEFAULT_DIR, variant, args.hook_path, config)
+    print(target)
+    return 0
