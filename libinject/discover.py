@@ -201,7 +201,7 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
     mps = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIR
     for path, cap in ((PERSISTENCED_SOCKET, "utility"), (FABRICMANAGER_SOCKET, "utility"), (mps, "compute")):
         p = L.resolve(root, path)
-        if p:
+        if p and _root_owned(p):
             ipcs.append(model.HostFile(p, L.inside(root, p), cap, "ipc"))
 
     dev = os.path.join(dev_root, "dev")
@@ -224,3 +224,17 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
         procfs_dir=procfs if os.path.isdir(procfs) else "",
         library_source=source,
     )
+
+
+def _root_owned(path: str) -> bool:
+    """IPC paths get bind-mounted read-write into containers: take one only when root
+    owns it and its directory, and others cannot swap it (a world-writable directory
+    must be sticky). A /tmp/nvidia-mps made by an unprivileged user is not the driver's."""
+    try:
+        st = os.lstat(path)
+        parent = os.stat(os.path.dirname(path))
+    except OSError:
+        return False
+    if st.st_uid != 0 or parent.st_uid != 0:
+        return False
+    return not parent.st_mode & 0o002 or bool(parent.st_mode & 0o1000)

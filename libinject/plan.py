@@ -33,7 +33,6 @@ from libinject.request import Request
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 RPM_LIB_DIRS = ("/usr/lib64", "/usr/lib")
 BIN_DIR = "/usr/bin"
-MPS_DEFAULT = "/tmp/nvidia-mps"
 PERSISTENCED_SOCKET = "nvidia-persistenced/socket"
 FABRICMANAGER_SOCKET = "nvidia-fabricmanager/socket"
 NV_MAJOR = 195
@@ -204,9 +203,11 @@ def _rel_to_root(driver: Driver, f: HostFile) -> str:
 
 
 def _ipcs(driver: Driver, request: Request, flags: Flags) -> list[MountEdit]:
+    """IPC sockets and the MPS pipe directory, exactly as discovery found them on the
+    host. Nothing here comes from the container: an image's CUDA_MPS_PIPE_DIRECTORY
+    must never choose a host directory to mount (the pipe dir is the host's, read from
+    nvhook's own environment by discovery, as nvidia-container-cli does)."""
     out: list[MountEdit] = []
-    mps = request.env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT
-    have_mps = False
     for f in driver.ipcs:
         cpath = _rel_to_root(driver, f)
         if cpath.endswith(PERSISTENCED_SOCKET):
@@ -215,17 +216,9 @@ def _ipcs(driver: Driver, request: Request, flags: Flags) -> list[MountEdit]:
         elif cpath.endswith(FABRICMANAGER_SOCKET):
             if not flags.utility_libs or request.no_fabricmanager:
                 continue
-        else:
-            # The MPS pipe directory: only the one this container asks for.
-            if not flags.compute_libs or cpath.rstrip("/") != mps.rstrip("/"):
-                continue
-            have_mps = True
+        elif not flags.compute_libs:      # the MPS pipe directory
+            continue
         out.append(MountEdit(f.path, cpath, "ipc", IPC_OPTS))
-    if flags.compute_libs and not have_mps and mps != MPS_DEFAULT:
-        # A non-default pipe dir discovery did not look for: take it if the host has it.
-        host = os.path.join(driver.root, mps.lstrip("/"))
-        if os.path.isdir(host):
-            out.append(MountEdit(host, mps, "ipc", IPC_OPTS))
     return out
 
 

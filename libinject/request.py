@@ -25,4 +25,4 @@ class Request:
     cuda_compat_mode: str = "ldconfig"  # "mount" | "ldconfig" | "disabled"
     ldconfig: str = "@/sbin/ldconfig"   # "@PATH" = host path; otherwise a path inside the container
     user: tuple[int, int] | None = None # uid, gid for discovery
-    env: dict[str, str] = field(default_factory=dict)  # container env, for CUDA_MPS_PIPE_DIRECTORY etc.
+    env: dict[str, str] = field(default_factory=dict)  # container env: informational, never chooses a host path

@@ -343,3 +343,24 @@ def test_mig_caps_selection(h100):
     with pytest.raises(NvhookError, match="specific MIG devices"):
         S.mig_caps_gpus("all", "0:0", S.select(h100, "0:0"), "mig-monitor")
     assert S.mig_caps_gpus(None, "all", sel, "mig-config") == []
+
+
+def test_ipc_dirs_not_owned_by_root_are_refused(fresh_sim_host, tmp_path):
+    """A /tmp/nvidia-mps made by an unprivileged user (or in a non-sticky world-writable
+    dir) is not the driver's: it would be mounted read-write into every compute container."""
+    from libinject.discover import discover
+    host = fresh_sim_host("t4x1")
+    mps = host / "tmp/nvidia-mps"
+    mps.mkdir(parents=True, exist_ok=True)
+    os.chmod(host / "tmp", 0o1777)
+    snap = tmp_path / "snap"
+
+    def ipcs():
+        return [f.container_path for f in discover(str(host), snapshot=False, snapshot_dir=str(snap)).ipcs]
+
+    assert "/tmp/nvidia-mps" in ipcs()
+    os.chown(mps, 65534, 65534)
+    assert "/tmp/nvidia-mps" not in ipcs()
+    os.chown(mps, 0, 0)
+    os.chmod(host / "tmp", 0o777)          # world-writable without the sticky bit
+    assert "/tmp/nvidia-mps" not in ipcs()

@@ -219,14 +219,16 @@ def test_no_flags(driver):
     assert nd.device_nodes == () and nd.cgroup_rules == plan(req(), driver).cgroup_rules
 
 
-def test_mps_pipe_dir(driver, tmp_path):
+def test_container_env_never_picks_a_host_dir(driver):
+    """An image's CUDA_MPS_PIPE_DIRECTORY must not choose what gets mounted from the host
+    (a container asking for /etc would get the host's /etc read-write)."""
     root = Path(driver.root)
-    (root / "var/mps").mkdir(parents=True)
-    e = plan(req(env={"CUDA_MPS_PIPE_DIRECTORY": "/var/mps"}), driver)
-    assert cpaths(e, "ipc")[-1] == "/var/mps"
-    assert [m.host_path for m in e.mounts if m.kind == "ipc"][-1] == str(root / "var/mps")
-    missing = plan(req(env={"CUDA_MPS_PIPE_DIRECTORY": "/nope"}), driver)
-    assert "/tmp/nvidia-mps" not in cpaths(missing, "ipc") and "/nope" not in cpaths(missing, "ipc")
+    (root / "etc").mkdir(exist_ok=True)
+    for asked in ("/etc", "/", "/nope"):
+        e = plan(req(env={"CUDA_MPS_PIPE_DIRECTORY": asked}), driver)
+        assert cpaths(e, "ipc") == cpaths(plan(req(), driver), "ipc")
+        assert all(m.host_path.startswith(str(root) + "/") and m.host_path != str(root / "etc")
+                   for m in e.mounts if m.kind == "ipc")
 
 
 def test_driver_only(driver):
