@@ -8,10 +8,11 @@ storage.conf and state dir; an empty hooks dir; `--rootfs DIR:O` (throw-away ove
 """
 from __future__ import annotations
 
-import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,13 @@ def cdi_setup(sim_host, tmp_path_factory):
     r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.yaml")])
     assert r.returncode == 0, r.stderr
     rootfs = build_rootfs(base / "rootfs")
-    return host, discover(str(host), snapshot=False), specs, rootfs, base
+    # podman's state under a short path: with a long one (pytest's tmp dirs) conmon's
+    # socket paths overflow and every `podman run --rm` waits 20 s to clean up
+    state = Path(tempfile.mkdtemp(prefix="nvpm", dir="/tmp"))
+    try:
+        yield host, discover(str(host), snapshot=False), specs, rootfs, state
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 PROBE = ("nvidia-smi -L; for m in {minors}; do "
@@ -118,7 +125,7 @@ def test_podman_cdi_sees_exactly_the_requested_gpus(cdi_setup, request_id):
     else:
         want = [gpus[1]]
         name = "1"
-    pm = Podman(base / f"state-{request_id}", specs)
+    pm = Podman(base / f"s-{request_id}", specs)
     minors = " ".join(str(g.minor) for g in gpus)
     r = pm.run(rootfs, [f"nvidia.com/gpu={name}"], PROBE.format(minors=minors))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -133,6 +140,6 @@ def test_podman_cdi_sees_exactly_the_requested_gpus(cdi_setup, request_id):
 
 def test_podman_rejects_unknown_cdi_device(cdi_setup):
     host, driver, specs, rootfs, base = cdi_setup
-    pm = Podman(base / "state-bad", specs)
+    pm = Podman(base / "s-bad", specs)
     r = pm.run(rootfs, ["nvidia.com/gpu=99"], "true")
     assert r.returncode != 0 and "nvidia.com/gpu=99" in r.stderr

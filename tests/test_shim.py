@@ -20,7 +20,7 @@ ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # symlinks, /proc/driver/nvidia, the ld cache, and nvidia-smi's view.
 SNAPSHOT = r'''
 cd /
-for f in $( (find /dev -maxdepth 2 -name 'nvidia*'; find /usr/lib/x86_64-linux-gnu /usr/lib/i386-linux-gnu /usr/bin /lib/firmware /proc/driver/nvidia /tmp/nvidia-mps /usr/lib64 -maxdepth 5; find /run -maxdepth 2 -name 'nvidia*') 2>/dev/null | sort -u); do
+for f in $( (find /dev -maxdepth 2 -name 'nvidia*'; find /usr/lib/x86_64-linux-gnu /usr/lib/i386-linux-gnu /usr/bin /lib/firmware /proc/driver/nvidia /tmp/nvidia-mps /usr/lib64 -maxdepth 7; find /run -maxdepth 2 -name 'nvidia*') 2>/dev/null | sort -u); do
   if [ -L "$f" ]; then echo "L $f -> $(readlink "$f")"
   elif [ -c "$f" ]; then echo "C $f $(stat -c '%t:%T' "$f")"
   elif [ -d "$f" ]; then echo "D $f"
@@ -180,10 +180,13 @@ def test_legacy_mode_matches_the_hook(shim_env, tmp_path, monkeypatch):
     log = tmp_path / "runc.log"
     with R.RuncContainer(tmp_path, env=gpu_env("1"), devices=OTHER) as c:
         c.write_config()
-        r = run([SHIM, "--root", str(c.state_root), "--log", str(log), "--debug", "create",
-                 "--bundle", str(c.bundle), c.id])
+        # the container inherits create's stdio: a file, never a pipe we would wait on
+        with open(tmp_path / "create.out", "w") as out:
+            r = run([SHIM, "--root", str(c.state_root), "--log", str(log), "--debug", "create",
+                     "--bundle", str(c.bundle), c.id], capture_output=False, stdout=out,
+                    stderr=out, stdin=R.subprocess.DEVNULL, timeout=60)
         c._created = True
-        assert r.returncode == 0, r.stderr + c.output()
+        assert r.returncode == 0, (tmp_path / "create.out").read_text()
         cfg = json.loads((c.bundle / "config.json").read_text())
         assert len(cfg["hooks"]["prestart"]) == 1
         c.start()

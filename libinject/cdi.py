@@ -1,0 +1,524 @@
+"""CDI (Container Device Interface) specs: ContainerEdits <-> CDI, generate, load, resolve.
+
+One pipeline (DESIGN.md §2): `cdi generate` discovers the driver once, plans each
+device with libinject.plan exactly as the hook would (a Request per device), and
+serialises those ContainerEdits. What every device's plan shares (libraries, binaries,
+firmware, IPC, control devices, symlinks, ldconfig) goes to the spec-level
+containerEdits; what is left per device (its /dev/nvidiaN, MIG capability nodes) goes
+to the device.
+
+What a CDI spec cannot say directly becomes a createContainer hook calling our own
+`nvhook cdi-hook` (explicit env, paths resolved inside the rootfs by libinject.safefs):
+symlinks (`create-symlinks --link TARGET::LINK`), the ld cache (`update-ldcache
+--folder DIR`) and the /proc/driver/nvidia masking (`mask-procfs`: runc refuses OCI
+mounts under /proc, so a spec cannot mount it; the hook picks the GPU dirs from the
+container's own device list, so one spec-level hook serves every device combination).
+Cgroup rules follow from deviceNodes (runtimes add an allow rule per node).
+
+The lowest cdiVersion the content needs is emitted (podman 4.3.1 reads only
+0.3.0-0.5.0), following specs-go/version.go: mount `type` -> 0.4.0; deviceNode
+`hostPath` or a device name not starting with a letter -> 0.5.0; annotations or a dot
+in the class -> 0.6.0; intelRdt/additionalGids -> 0.7.0; netDevices -> 1.1.0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import shutil
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
+
+from libinject.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
+from libinject.errors import NvhookError
+
+DEFAULT_VENDOR = "nvidia.com"
+DEFAULT_CLASS = "gpu"
+DEFAULT_KIND = f"{DEFAULT_VENDOR}/{DEFAULT_CLASS}"
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+STRATEGIES = ("index", "uuid", "type-index")
+HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+HOOK_STAGE = "createContainer"
+# nvidia-ctk does the same: a container that got its GPUs by CDI must not get them again
+# from a legacy hook that is also installed.
+SPEC_ENV = ("NVIDIA_VISIBLE_DEVICES=void",)
+KNOWN_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0",
+                  "1.0.0", "1.1.0")
+
+
+def version_key(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in v.lstrip("v").split("."))
+    except ValueError:
+        return (-1,)
+
+
+# --- ContainerEdits -> CDI containerEdits ------------------------------------------------
+
+def default_hook_path() -> str:
+    """The nvhook executable CDI hooks run: the one beside this interpreter (the venv's
+    console script), else the one on PATH."""
+    cand = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "nvhook")
+    if os.access(cand, os.X_OK):
+        return cand
+    found = shutil.which("nvhook")
+    if found:
+        return os.path.abspath(found)
+    raise NvhookError("cannot find the nvhook executable for CDI hooks (use --hook-path)")
+
+
+@dataclass(frozen=True)
+class HookOptions:
+    path: str                                  # absolute path of nvhook
+    env: tuple[str, ...] = HOOK_ENV
+    ldconfig: str = "@/sbin/ldconfig"
+    procfs_dir: str = ""                       # host /proc/driver/nvidia ("" = no masking hook)
+    config: str = ""                           # --config passed to the hooks ("" = default)
+
+
+def _hook(opts: HookOptions, *args: str) -> dict[str, Any]:
+    argv = ["nvhook"]
+    if opts.config:
+        argv += ["--config", opts.config]
+    return {"hookName": HOOK_STAGE, "path": opts.path, "args": [*argv, "cdi-hook", *args],
+            "env": list(opts.env)}
+
+
+def device_node(d: DeviceEdit) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": d.path}
+    if d.host_path and d.host_path != d.path:
+        out["hostPath"] = d.host_path
+    out.update(type=d.type, major=d.major, minor=d.minor, permissions=d.permissions)
+    return out
+
+
+def mount(m: MountEdit) -> dict[str, Any]:
+    # No "type": a bind mount needs none (runc takes "bind" from the options) and the
+    # field would raise the cdiVersion to 0.4.0.
+    return {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
+
+
+def _under_proc(path: str) -> bool:
+    return posixpath.normpath(path).startswith("/proc/")
+
+
+def symlink_hook(links: Sequence[SymlinkEdit], opts: HookOptions) -> dict[str, Any]:
+    args = ["create-symlinks"]
+    for s in links:
+        args += ["--link", f"{s.target}::{s.link}"]
+    return _hook(opts, *args)
+
+
+def ldcache_hook(folders: Sequence[str], opts: HookOptions) -> dict[str, Any]:
+    args = ["update-ldcache"]
+    if opts.ldconfig != "@/sbin/ldconfig":
+        args += ["--ldconfig", opts.ldconfig]
+    for f in folders:
+        args += ["--folder", f]
+    return _hook(opts, *args)
+
+
+def procfs_hook(opts: HookOptions) -> dict[str, Any]:
+    return _hook(opts, "mask-procfs", "--procfs-dir", opts.procfs_dir)
+
+
+def to_cdi(edits: ContainerEdits, opts: HookOptions, *, env: Sequence[str] = (),
+           procfs: bool = False) -> dict[str, Any]:
+    """CDI containerEdits for ContainerEdits (empty lists left out). Hook order follows
+    the live applier: procfs, symlinks, then the ld cache."""
+    out: dict[str, Any] = {}
+    all_env = [*env, *edits.env]
+    if all_env:
+        out["env"] = list(dict.fromkeys(all_env))
+    if edits.device_nodes:
+        out["deviceNodes"] = [device_node(d) for d in edits.device_nodes]
+    # Mounts under /proc (MIG capability files) are the mask-procfs hook's: runc
+    # refuses OCI mounts inside /proc.
+    mounts = [mount(m) for m in edits.mounts if not _under_proc(m.container_path)]
+    if mounts:
+        out["mounts"] = mounts
+    hooks: list[dict[str, Any]] = []
+    if procfs and opts.procfs_dir:
+        hooks.append(procfs_hook(opts))
+    if edits.symlinks:
+        hooks.append(symlink_hook(edits.symlinks, opts))
+    if edits.ldconfig_folders:
+        hooks.append(ldcache_hook(edits.ldconfig_folders, opts))
+    for h in edits.hooks:
+        hooks.append({"hookName": h.stage, "path": h.path, "args": list(h.args),
+                      "env": list(h.env or opts.env)})
+    if hooks:
+        out["hooks"] = hooks
+    return out
+
+
+def subtract(edits: ContainerEdits, base: ContainerEdits) -> ContainerEdits:
+    """What `edits` adds to `base` (per-device edits over the spec-level ones)."""
+    def minus(a: tuple, b: tuple) -> tuple:
+        bs = set(b)
+        return tuple(x for x in a if x not in bs)
+
+    return ContainerEdits(
+        env=minus(edits.env, base.env),
+        device_nodes=minus(edits.device_nodes, base.device_nodes),
+        mounts=minus(edits.mounts, base.mounts),
+        symlinks=minus(edits.symlinks, base.symlinks),
+        procfs=None,
+        ldconfig_folders=minus(edits.ldconfig_folders, base.ldconfig_folders),
+        cgroup_rules=minus(edits.cgroup_rules, base.cgroup_rules),
+        hooks=minus(edits.hooks, base.hooks),
+        cuda_compat=None,
+        lib_dir=edits.lib_dir,
+    )
+
+
+# --- generate ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceId:
+    """One CDI device: its names under the chosen strategies and its selection id."""
+    select: str                                # NVIDIA_VISIBLE_DEVICES-style id for plan()
+    names: tuple[str, ...]
+
+
+def device_ids(info, strategies: Sequence[str]) -> list[DeviceId]:
+    """Every GPU and MIG device, named by each strategy: index "0" / "0:1",
+    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1"."""
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad or not strategies:
+        raise NvhookError(f"invalid device-name-strategy {','.join(bad) or '(none)'} "
+                          f"(allowed: {','.join(STRATEGIES)})")
+    out: list[DeviceId] = []
+    for g in info.gpus:
+        names = {"index": str(g.index), "uuid": g.uuid, "type-index": f"gpu{g.index}"}
+        out.append(DeviceId(str(g.index), tuple(dict.fromkeys(names[s] for s in strategies))))
+    for g in info.gpus:
+        for m in g.mig_devices:
+            idx = f"{g.index}:{m.index}"
+            names = {"index": idx, "uuid": m.uuid, "type-index": f"mig{idx}"}
+            out.append(DeviceId(idx, tuple(dict.fromkeys(names[s] for s in strategies))))
+    return out
+
+
+def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str = DEFAULT_CLASS,
+             strategies: Sequence[str] = ("index", "uuid"),
+             capabilities: Iterable[str] = ("all",), hook: HookOptions,
+             lib_dir: str | None = None, lib32_dir: str | None = None,
+             mask_procfs: bool = True) -> dict[str, Any]:
+    """The CDI spec (a dict) for every GPU and MIG device of `driver`, plus "all"."""
+    from libinject import plan as _plan
+    from libinject.request import Request
+
+    kw = {"lib_dir": lib_dir or _plan.DEBIAN_LIB_DIRS[0],
+          "lib32_dir": lib32_dir or _plan.DEBIAN_LIB_DIRS[1]}
+    caps = frozenset(capabilities)
+
+    def plan(ids: str) -> ContainerEdits:
+        # cuda-compat needs the image; a spec has none (documented limitation).
+        return _plan.plan(Request(devices=ids, capabilities=caps, cuda_compat_mode="disabled"),
+                          driver, **kw)
+
+    base = plan("none")
+    if mask_procfs and base.procfs is not None and driver.procfs_dir:
+        hook = replace(hook, procfs_dir=driver.procfs_dir)
+    else:
+        hook = replace(hook, procfs_dir="")
+    devices: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    ids = device_ids(driver.info, strategies)
+    for d in [*ids, DeviceId("all", ("all",))] if ids else []:
+        edits = to_cdi(subtract(plan(d.select), base), hook)
+        if not edits:
+            raise NvhookError(f"device {d.select}: its plan adds nothing to the driver's")
+        for name in d.names:
+            if name in seen:
+                continue
+            seen.add(name)
+            devices.append({"name": name, "containerEdits": edits})
+    if not devices:
+        raise NvhookError("no GPUs found: a CDI spec needs at least one device")
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": f"{vendor}/{cls}", "devices": devices,
+                            "containerEdits": to_cdi(base, hook, env=SPEC_ENV, procfs=True)}
+    check_kind(spec["kind"])
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+# --- versions and names ------------------------------------------------------------------
+
+def _edits_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [spec.get("containerEdits") or {}]
+    for d in spec.get("devices") or ():
+        if isinstance(d, dict):
+            out.append(d.get("containerEdits") or {})
+    return [e for e in out if isinstance(e, dict)]
+
+
+def minimum_version(spec: dict[str, Any]) -> str:
+    """The lowest cdiVersion whose fields cover the spec (specs-go/version.go)."""
+    edits = _edits_of(spec)
+    devices = [d for d in spec.get("devices") or () if isinstance(d, dict)]
+    if any(e.get("netDevices") for e in edits):
+        return "1.1.0"
+    if any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits):
+        return "0.7.0"
+    _, cls = parse_qualifier(str(spec.get("kind", "")))
+    if spec.get("annotations") or any(d.get("annotations") for d in devices) or "." in cls:
+        return "0.6.0"
+    # v0.5.0 allowed device names that start with a digit.
+    if any(str(d.get("name", ""))[:1] and not _is_letter(str(d.get("name"))[0]) for d in devices):
+        return "0.5.0"
+    if any(isinstance(n, dict) and n.get("hostPath") for e in edits for n in e.get("deviceNodes") or ()):
+        return "0.5.0"
+    if any(isinstance(m, dict) and m.get("type") for e in edits for m in e.get("mounts") or ()):
+        return "0.4.0"
+    return "0.3.0"
+
+
+def _is_letter(c: str) -> bool:
+    return ("a" <= c <= "z") or ("A" <= c <= "Z")
+
+
+def _is_alnum(c: str) -> bool:
+    return _is_letter(c) or "0" <= c <= "9"
+
+
+def vendor_or_class_error(name: str, what: str) -> str | None:
+    """pkg/parser: letters first, alphanumeric last, [A-Za-z0-9_.-] between."""
+    if not name:
+        return f"invalid {what}: empty name"
+    if not _is_letter(name[0]):
+        return f"invalid {what} {name!r}: should start with a letter"
+    for c in name[1:-1]:
+        if not (_is_alnum(c) or c in "_-."):
+            return f"invalid {what} {name!r}: invalid character {c!r}"
+    if not _is_alnum(name[-1]):
+        return f"invalid {what} {name!r}: should end with a letter or digit"
+    limit = 253 if what == "vendor" else 63
+    if len(name) > limit:
+        return f"invalid {what} {name!r}: longer than {limit} characters"
+    return None
+
+
+def device_name_error(name: str) -> str | None:
+    """pkg/parser: alphanumeric first and last, [A-Za-z0-9_.:-] between."""
+    if not name:
+        return "invalid (empty) device name"
+    if not _is_alnum(name[0]):
+        return f"invalid device name {name!r}: should start with a letter or digit"
+    for c in name[1:-1]:
+        if not (_is_alnum(c) or c in "_-.:"):
+            return f"invalid device name {name!r}: invalid character {c!r}"
+    if not _is_alnum(name[-1]):
+        return f"invalid device name {name!r}: should end with a letter or digit"
+    return None
+
+
+def parse_qualifier(kind: str) -> tuple[str, str]:
+    """"vendor/class" -> (vendor, class); ("", kind) when it is not one."""
+    vendor, sep, cls = kind.partition("/")
+    if not sep or not vendor or not cls:
+        return "", kind
+    return vendor, cls
+
+
+def check_kind(kind: str) -> tuple[str, str]:
+    vendor, cls = parse_qualifier(kind)
+    if not vendor:
+        raise NvhookError(f"invalid CDI kind {kind!r}: expected vendor/class")
+    err = vendor_or_class_error(vendor, "vendor") or vendor_or_class_error(cls, "class")
+    if err:
+        raise NvhookError(f"invalid CDI kind {kind!r}: {err}")
+    return vendor, cls
+
+
+def parse_device(name: str) -> tuple[str, str, str] | None:
+    """"vendor/class=name" -> (vendor, class, name); None when not a valid qualified name."""
+    if not name or name[0] == "/":
+        return None
+    qual, sep, dev = name.partition("=")
+    if not sep or not qual or not dev:
+        return None
+    vendor, cls = parse_qualifier(qual)
+    if not vendor or vendor_or_class_error(vendor, "vendor") or vendor_or_class_error(cls, "class") \
+            or device_name_error(dev):
+        return None
+    return vendor, cls, dev
+
+
+def is_qualified(name: str) -> bool:
+    return parse_device(name) is not None
+
+
+# --- serialisation -----------------------------------------------------------------------
+
+def dump(spec: dict[str, Any], fmt: str = "json") -> str:
+    if fmt == "json":
+        return json.dumps(spec, indent=2) + "\n"
+    if fmt == "yaml":
+        import yaml
+
+        class NoAliases(yaml.SafeDumper):
+            # devices sharing one edits object: write each out, no &id/*id (readers vary)
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        return yaml.dump(spec, Dumper=NoAliases, sort_keys=False, default_flow_style=False)
+    raise NvhookError(f"invalid format {fmt!r} (json or yaml)")
+
+
+def format_of(path: str, default: str = "json") -> str:
+    ext = os.path.splitext(path)[1].lower()
+    return {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(ext, default)
+
+
+def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
+    """Write path through a temp file in the same directory + rename: a runtime
+    scanning the spec dir never sees a half-written spec."""
+    path = os.path.abspath(path)
+    d, base = os.path.split(path)
+    if not os.path.isdir(d):
+        raise NvhookError(f"cannot write {path}: directory {d} does not exist")
+    tmp = os.path.join(d, f".{base}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(fd, mode)
+            view = data.encode()
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise NvhookError(f"cannot write {path}: {e.strerror}") from None
+
+
+MAX_SPEC_BYTES = 64 << 20
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """A spec file (.json or .yaml; YAML is a superset of JSON) as a dict."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        raise NvhookError(f"cannot read CDI spec {path}: {e.strerror}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise NvhookError(f"CDI spec {path} is larger than {MAX_SPEC_BYTES} bytes")
+    try:
+        if format_of(path, "yaml") == "json":
+            obj = json.loads(data)
+        else:
+            import yaml
+
+            obj = yaml.safe_load(data)
+    except Exception as e:  # json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError
+        msg = str(e).replace("\n", " ")
+        raise NvhookError(f"CDI spec {path} does not parse: {msg}") from None
+    if not isinstance(obj, dict):
+        raise NvhookError(f"CDI spec {path} is not a mapping")
+    return obj
+
+
+# --- spec dirs and resolution ------------------------------------------------------------
+
+@dataclass
+class LoadedSpec:
+    path: str
+    priority: int                               # index of its dir; later dirs win
+    spec: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.spec.get("kind", ""))
+
+
+@dataclass
+class Registry:
+    """Devices from the spec dirs, as the CDI cache resolves them (pkg/cdi/cache.go):
+    a later dir overrides an earlier one; the same device twice in one dir is a
+    conflict and the device is dropped."""
+    specs: list[LoadedSpec] = field(default_factory=list)
+    devices: dict[str, tuple[LoadedSpec, dict[str, Any]]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def resolve(self, names: Sequence[str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The containerEdits to apply for qualified names, in the cache's order (each
+        spec's edits before its first device's), and the unresolvable names."""
+        out: list[dict[str, Any]] = []
+        missing: list[str] = []
+        used: set[int] = set()
+        for name in dict.fromkeys(names):
+            hit = self.devices.get(name)
+            if hit is None:
+                missing.append(name)
+                continue
+            spec, dev = hit
+            if id(spec) not in used:
+                used.add(id(spec))
+                if spec.spec.get("containerEdits"):
+                    out.append(spec.spec["containerEdits"])
+            out.append(dev.get("containerEdits") or {})
+        return out, missing
+
+
+def scan(spec_dirs: Sequence[str], *, validate: Callable[[dict, str], list[str]] | None = None) -> Registry:
+    """Load every *.json / *.yaml spec in the dirs (lexical order in a dir)."""
+    reg = Registry()
+    conflicts: set[str] = set()
+    for prio, d in enumerate(spec_dirs):
+        try:
+            names = sorted(os.listdir(d))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            reg.errors.append(f"{d}: {e.strerror}")
+            continue
+        for n in names:
+            if os.path.splitext(n)[1] not in (".json", ".yaml"):
+                continue
+            path = os.path.join(d, n)
+            if not os.path.isfile(path):
+                continue
+            try:
+                spec = load_file(path)
+            except NvhookError as e:
+                reg.errors.append(str(e))
+                continue
+            problems = validate(spec, path) if validate else []
+            if problems:
+                reg.errors.append(f"{path}: {problems[0]}")
+                continue
+            loaded = LoadedSpec(path, prio, spec)
+            reg.specs.append(loaded)
+            for dev in spec.get("devices") or ():
+                qname = f"{loaded.kind}={dev.get('name')}"
+                old = reg.devices.get(qname)
+                if old is not None and old[0].priority == prio:
+                    reg.errors.append(f"conflicting device {qname!r} (specs {old[0].path!r}, {path!r})")
+                    conflicts.add(qname)
+                    continue
+                reg.devices[qname] = (loaded, dev)
+    for q in conflicts:
+        reg.devices.pop(q, None)
+    return reg
+
+
+def qualify(ids: Iterable[str], default_kind: str = DEFAULT_KIND) -> list[str]:
+    """Device requests -> qualified CDI names: an unqualified id ("0", "all",
+    "GPU-...") goes under the default kind; none/void/empty are dropped."""
+    out: list[str] = []
+    for i in ids:
+        i = i.strip()
+        if not i or i.lower() in ("none", "void"):
+            continue
+        out.append(i if "=" in i else f"{default_kind}={i}")
+    return list(dict.fromkeys(out))

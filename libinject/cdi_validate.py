@@ -1,0 +1,208 @@
+"""Validate CDI specs: the official JSON schema, plus what the schema misses.
+
+The schema (libinject/cdi_schema, a copy of the upstream draft-07 files) checks types
+and required fields only. What the Go loader (pkg/cdi, specs-go) also enforces, and
+this module adds:
+- unknown fields (the Go loader decodes strictly; the schema allows anything extra);
+- env entries "NAME=value" (the schema's `env.items` says "ref", not "$ref", so it
+  checks nothing), in containerEdits and in hooks;
+- `fileMode` (missing from the schema's DeviceNode) must be a non-negative integer;
+- names: kind "vendor/class", device names (pkg/parser grammar), duplicate devices,
+  at least one device, no device with empty edits;
+- cdiVersion: a released version, and not lower than the content needs;
+- hooks: a known stage name, an absolute path, timeout > 0;
+- device nodes: type b/c/u/p, non-negative major/minor, permissions from "rwm" or "none";
+- mounts: non-empty hostPath and containerPath.
+"""
+from __future__ import annotations
+
+import json
+import posixpath
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from libinject import cdi
+
+HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
+               "poststop")
+DEVICE_TYPES = ("", "b", "c", "u", "p")
+FIELDS = {
+    "spec": {"cdiVersion", "kind", "annotations", "devices", "containerEdits"},
+    "device": {"name", "annotations", "containerEdits"},
+    "edits": {"env", "deviceNodes", "mounts", "hooks", "intelRdt", "additionalGids", "netDevices"},
+    "deviceNode": {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid",
+                   "gid"},
+    "mount": {"hostPath", "containerPath", "type", "options"},
+    "hook": {"hookName", "path", "args", "env", "timeout"},
+    "intelRdt": {"closID", "l3CacheSchema", "memBwSchema", "schemata", "enableMonitoring"},
+    "netDevice": {"hostInterfaceName", "name"},
+}
+
+
+def schema_files() -> dict[str, Any]:
+    """{"schema.json": ..., "defs.json": ...} from the package."""
+    base = resources.files("libinject.cdi_schema")
+    return {n: json.loads(base.joinpath(n).read_text()) for n in ("schema.json", "defs.json")}
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    from jsonschema import Draft7Validator
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT7
+
+    files = schema_files()
+    registry = Registry().with_resource("defs.json", DRAFT7.create_resource(files["defs.json"]))
+    return Draft7Validator(files["schema.json"], registry=registry)
+
+
+def schema_errors(spec: Any) -> list[str]:
+    out = []
+    for e in sorted(_validator().iter_errors(spec), key=lambda e: list(map(str, e.absolute_path))):
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        out.append(f"schema: {where}: {e.message}")
+    return out
+
+
+def _unknown(obj: Any, kind: str, where: str, out: list[str]) -> None:
+    if isinstance(obj, dict):
+        for k in obj:
+            if k not in FIELDS[kind]:
+                out.append(f"{where}: unknown field {k!r}")
+
+
+def _env(env: Any, where: str, out: list[str]) -> None:
+    if env is None:
+        return
+    if not isinstance(env, list):
+        return  # the schema reports it
+    for i, v in enumerate(env):
+        if not isinstance(v, str) or v.find("=") <= 0:
+            out.append(f"{where}/env/{i}: invalid environment variable {v!r} (want NAME=value)")
+
+
+def _edits(e: Any, where: str, out: list[str]) -> None:
+    if not isinstance(e, dict):
+        return
+    _unknown(e, "edits", where, out)
+    _env(e.get("env"), where, out)
+    for i, n in enumerate(e.get("deviceNodes") or ()):
+        w = f"{where}/deviceNodes/{i}"
+        if not isinstance(n, dict):
+            continue
+        _unknown(n, "deviceNode", w, out)
+        if not n.get("path"):
+            out.append(f"{w}: empty device path")
+        t = n.get("type", "")
+        if t not in DEVICE_TYPES:
+            out.append(f"{w}: invalid device type {t!r} (b, c, u or p)")
+        for k in ("major", "minor"):
+            v = n.get(k)
+            if isinstance(v, int) and v < 0:
+                out.append(f"{w}: negative {k} {v}")
+        fm = n.get("fileMode")
+        if fm is not None and (isinstance(fm, bool) or not isinstance(fm, int) or fm < 0):
+            out.append(f"{w}: fileMode must be a non-negative integer, not {fm!r}")
+        p = n.get("permissions", "")
+        if isinstance(p, str) and p not in ("", "none") and p.strip("rwm"):
+            out.append(f"{w}: invalid permissions {p!r} (r, w, m or none)")
+    for i, m in enumerate(e.get("mounts") or ()):
+        w = f"{where}/mounts/{i}"
+        if not isinstance(m, dict):
+            continue
+        _unknown(m, "mount", w, out)
+        if not m.get("hostPath"):
+            out.append(f"{w}: empty hostPath")
+        if not m.get("containerPath"):
+            out.append(f"{w}: empty containerPath")
+    for i, h in enumerate(e.get("hooks") or ()):
+        w = f"{where}/hooks/{i}"
+        if not isinstance(h, dict):
+            continue
+        _unknown(h, "hook", w, out)
+        if h.get("hookName") not in HOOK_STAGES:
+            out.append(f"{w}: invalid hook name {h.get('hookName')!r} "
+                       f"(one of {', '.join(HOOK_STAGES)})")
+        path = h.get("path")
+        if isinstance(path, str) and not posixpath.isabs(path):
+            out.append(f"{w}: hook path {path!r} is not absolute")
+        t = h.get("timeout")
+        if isinstance(t, int) and not isinstance(t, bool) and t <= 0:
+            out.append(f"{w}: timeout must be greater than zero")
+        _env(h.get("env"), w, out)
+    rdt = e.get("intelRdt")
+    if rdt is not None:
+        _unknown(rdt, "intelRdt", f"{where}/intelRdt", out)
+    for i, n in enumerate(e.get("netDevices") or ()):
+        _unknown(n, "netDevice", f"{where}/netDevices/{i}", out)
+        if isinstance(n, dict) and (not n.get("hostInterfaceName") or not n.get("name")):
+            out.append(f"{where}/netDevices/{i}: empty interface name")
+
+
+def semantic_errors(spec: Any) -> list[str]:
+    """What the schema misses (see the module docstring)."""
+    out: list[str] = []
+    if not isinstance(spec, dict):
+        return ["spec is not a mapping"]
+    _unknown(spec, "spec", "(root)", out)
+    version = spec.get("cdiVersion")
+    kind = spec.get("kind")
+    if isinstance(kind, str):
+        try:
+            cdi.check_kind(kind)
+        except Exception as e:
+            out.append(f"kind: {e}")
+    if isinstance(version, str):
+        if version.lstrip("v") not in cdi.KNOWN_VERSIONS:
+            out.append(f"cdiVersion: unknown version {version!r}")
+        else:
+            need = cdi.minimum_version(spec)
+            if cdi.version_key(version) < cdi.version_key(need):
+                out.append(f"cdiVersion: {version} is too low for this content (needs at least {need})")
+    devices = spec.get("devices")
+    if isinstance(devices, list):
+        if not devices:
+            out.append("devices: a spec needs at least one device")
+        seen: set[str] = set()
+        for i, d in enumerate(devices):
+            if not isinstance(d, dict):
+                continue
+            w = f"devices/{i}"
+            _unknown(d, "device", w, out)
+            name = d.get("name")
+            if isinstance(name, str):
+                err = cdi.device_name_error(name)
+                if err:
+                    out.append(f"{w}: {err}")
+                if name in seen:
+                    out.append(f"{w}: duplicate device name {name!r}")
+                seen.add(name)
+            edits = d.get("containerEdits")
+            if isinstance(edits, dict) and not any(edits.get(k) for k in FIELDS["edits"]):
+                out.append(f"{w}: empty device edits")
+            _edits(edits, f"{w}/containerEdits", out)
+    _edits(spec.get("containerEdits"), "containerEdits", out)
+    return out
+
+
+def edits_errors(edits: Any, where: str = "containerEdits") -> list[str]:
+    """Problems in one containerEdits object (what the Go applier checks first)."""
+    out: list[str] = []
+    _edits(edits, where, out)
+    return out
+
+
+def validate(spec: Any) -> list[str]:
+    """Every problem found, schema first; [] = valid."""
+    return schema_errors(spec) + semantic_errors(spec)
+
+
+def validate_file(path: str) -> list[str]:
+    from libinject.errors import NvhookError
+
+    try:
+        spec = cdi.load_file(path)
+    except NvhookError as e:
+        return [str(e)]
+    return validate(spec)

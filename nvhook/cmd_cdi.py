@@ -1,0 +1,107 @@
+"""nvhook cdi generate | list | validate.
+
+generate: discover the driver once, plan every GPU / MIG device (and "all") with the
+same planner as the hook, and write the CDI spec (libinject.cdi); atomically to
+--output, or to stdout.
+list: the qualified device names the spec dirs offer, resolved as the CDI cache does
+(later dir wins; the same device twice in one dir is a conflict: reported, dropped).
+validate: the official schema plus what it misses (libinject.cdi_validate).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = "Generate, list and validate CDI specs."
+    sub = p.add_subparsers(dest="cdi_command", metavar="SUBCOMMAND", required=True)
+    g = sub.add_parser("generate", help="write a CDI spec for this host's GPUs")
+    g.add_argument("--output", "-o", default="", help="spec file to write (default: stdout)")
+    g.add_argument("--format", choices=("json", "yaml"), default=None,
+                   help="output format (default: from --output's extension, else json)")
+    g.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default nvidia.com)")
+    g.add_argument("--class", dest="cls", default="gpu", help="CDI class (default gpu)")
+    g.add_argument("--device-name-strategy", action="append", default=[],
+                   help="index, uuid, type-index (repeat or comma list; default index,uuid)")
+    g.add_argument("--driver-root", default=None,
+                   help="driver root (default: --root, else the config's, else /)")
+    g.add_argument("--dev-root", default=None, help="where dev/ and proc/ are read (default: driver root)")
+    g.add_argument("--capabilities", default="all",
+                   help="driver capabilities to include (as NVIDIA_DRIVER_CAPABILITIES; default all)")
+    g.add_argument("--lib-dir", default=None,
+                   help="container library dir (default /usr/lib/x86_64-linux-gnu)")
+    g.add_argument("--hook-path", default=None,
+                   help="nvhook executable the spec's hooks run (default: this one)")
+    g.add_argument("--no-mask-procfs", action="store_true",
+                   help="leave /proc/driver/nvidia unmasked (no mask-procfs hook)")
+    l_ = sub.add_parser("list", help="list the CDI devices in the spec dirs")
+    l_.add_argument("--spec-dir", action="append", default=[],
+                    help="spec dir (repeatable; later wins; default /etc/cdi /var/run/cdi)")
+    v = sub.add_parser("validate", help="validate CDI spec files")
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"generate": _generate, "list": _list, "validate": _validate}[args.cdi_command](args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from libinject import cdi, config
+    from libinject.discover import discover
+    from libinject.errors import NvhookError
+
+    cfg = config.load(args.config)
+    root = args.driver_root or args.root or cfg.cli.root or "/"
+    dev_root = args.dev_root or cfg.nvhook.dev_root or None
+    strategies = [s.strip() for v in (args.device_name_strategy or ["index,uuid"])
+                  for s in v.split(",") if s.strip()]
+    caps = {c.strip() for c in args.capabilities.split(",") if c.strip()}
+    bad = caps - {"all", *config.ALL_CAPABILITIES}
+    if bad:
+        raise NvhookError(f"unknown capability {','.join(sorted(bad))} "
+                          f"(allowed: all,{','.join(config.ALL_CAPABILITIES)})")
+    cdi.check_kind(f"{args.vendor}/{args.cls}")
+    fmt = args.format or (cdi.format_of(args.output) if args.output else "json")
+    hook = cdi.HookOptions(path=args.hook_path or cdi.default_hook_path(),
+                           ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
+                           config=args.config or "")
+    driver = discover(root, ldcache=args.ldcache or cfg.cli.ldcache or None, dev_root=dev_root,
+                      nvml_timeout=cfg.nvhook.nvml_timeout, snapshot=cfg.nvhook.snapshot)
+    spec = cdi.generate(driver, vendor=args.vendor, cls=args.cls, strategies=strategies,
+                        capabilities=caps, hook=hook, lib_dir=args.lib_dir,
+                        mask_procfs=not args.no_mask_procfs)
+    text = cdi.dump(spec, fmt)
+    if args.output:
+        cdi.write_atomic(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from libinject import cdi, cdi_validate
+
+    dirs = args.spec_dir or list(cdi.DEFAULT_SPEC_DIRS)
+    reg = cdi.scan(dirs, validate=lambda spec, path: cdi_validate.validate(spec))
+    for name in sorted(reg.devices):
+        print(name)
+    for e in reg.errors:
+        print(f"nvhook: {e}", file=sys.stderr)
+    return 1 if reg.errors else 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from libinject import cdi_validate
+
+    bad = 0
+    for path in args.files:
+        problems = cdi_validate.validate_file(path)
+        if problems:
+            bad += 1
+            for p in problems:
+                print(f"{path}: {p}")
+        elif not args.quiet:
+            print(f"{path}: ok")
+    return 1 if bad else 0

@@ -1,0 +1,115 @@
+"""One request, four ways in, one container (DESIGN.md §2: three appliers, same edits).
+
+For the same request (a GPU or a MIG device, every driver capability) the container
+sees the same device nodes, driver files (size and checksum), symlinks,
+/proc/driver/nvidia, ld cache and nvidia-smi output, and the same open() verdicts,
+whether the GPUs came from
+  1. the OCI prestart hook (`nvhook prestart`, runc),
+  2. `nvhook configure --pid` on a running runc container,
+  3. the runtime shim in cdi mode (runc) applying our generated CDI spec,
+  4. podman 4.3.1 applying the same CDI spec itself.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import support.runc as R
+from conftest import NVHOOK, run
+from test_cdi_podman import Podman
+from test_shim import ENV_PATH, SHIM, SNAPSHOT, gpu_env, snapshot_lines, write_config
+
+ALL_CAPS = ["--compute", "--utility", "--video", "--graphics", "--display", "--ngx", "--compat32"]
+OPENS = ("for m in {minors}; do if dd if=/dev/nvidia$m of=/dev/null count=0 2>/tmp/e; "
+         "then echo \"open $m OK\"; else echo \"open $m $(cat /tmp/e)\"; fi; done")
+
+
+def _split(out: str) -> tuple[list[str], dict[int, str]]:
+    snap, opens = [], {}
+    for ln in snapshot_lines(out):
+        m = re.match(r"open (\d+) (.*)", ln)
+        if m:
+            t = m[2]
+            opens[int(m[1])] = ("ENXIO" if "No such device or address" in t else
+                                "EPERM" if "Operation not permitted" in t else
+                                "ENOENT" if "No such file" in t else t)
+        else:
+            snap.append(ln)
+    return snap, opens
+
+
+@pytest.mark.parametrize("profile,device", [("a100x8", "1"), ("h100x8-mig", "0:1")])
+def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_path, monkeypatch,
+                                                                 profile, device):
+    from libinject.discover import discover
+
+    host = sim_host(profile)
+    driver = discover(str(host), snapshot=False)
+    minors = " ".join(str(g.minor) for g in driver.info.gpus)
+    script = SNAPSHOT + OPENS.format(minors=minors)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.yaml")])
+    assert r.returncode == 0, r.stderr
+    cfg = write_config(tmp_path / "config.toml", root=host, mode="cdi", spec_dirs=[specs])
+    monkeypatch.setenv("NVHOOK_CONFIG", str(cfg))
+    runc = shutil.which("runc") or "/usr/sbin/runc"
+    results: dict[str, tuple[list[str], dict[int, str]]] = {}
+
+    # 1. the prestart hook
+    monkeypatch.setattr(R, "RUNC", runc)
+    hooks = {"prestart": [{"path": NVHOOK, "args": ["nvhook", "prestart"],
+                           "env": [ENV_PATH, f"NVHOOK_CONFIG={cfg}"]}]}
+    with R.RuncContainer(tmp_path, env=gpu_env(device), hooks=hooks) as c:
+        c.create()
+        c.start()
+        results["hook"] = _split(c.exec("sh", "-c", script).stdout)
+
+    # 2. nvhook configure --pid on a running container
+    with R.RuncContainer(tmp_path, env=[ENV_PATH]) as c:
+        c.create()
+        c.start()
+        r = run([NVHOOK, "--root", str(host), "configure", "--pid", str(c.pid), "--device", device,
+                 *ALL_CAPS, str(c.rootfs)])
+        assert r.returncode == 0, r.stderr
+        results["configure"] = _split(c.exec("sh", "-c", script).stdout)
+
+    # 3. the runtime shim in cdi mode
+    monkeypatch.setattr(R, "RUNC", SHIM)
+    with R.RuncContainer(tmp_path, env=gpu_env(device)) as c:
+        c.create()
+        c.start()
+        spec = json.loads((c.bundle / "config.json").read_text())
+        assert any(h["args"][2] == "create-symlinks" for h in spec["hooks"]["createContainer"])
+        results["shim-cdi"] = _split(c.exec("sh", "-c", script).stdout)
+
+    # 4. podman with the same spec
+    from libinject.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(tmp_path / "podman-rootfs")
+    state = Path(tempfile.mkdtemp(prefix="nvpm", dir="/tmp"))   # short: see test_cdi_podman
+    try:
+        r = Podman(state, specs).run(rootfs, [f"nvidia.com/gpu={device}"], script)
+        assert r.returncode == 0, r.stderr
+        results["podman-cdi"] = _split(r.stdout)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+    ref_snap, ref_opens = results["hook"]
+    # the reference is a real injection: nvidia-smi lists the device, its node opens
+    assert any(ln.startswith("GPU ") for ln in ref_snap), ref_snap
+    assert any(ln.startswith("L /usr/lib/x86_64-linux-gnu/libcuda.so -> ") for ln in ref_snap)
+    assert any(ln.startswith("LDCONF ") for ln in ref_snap)
+    assert list(ref_opens.values()).count("ENXIO") == 1
+    if ":" in device:   # a MIG device: its gi/ci access nodes and procfs capability files
+        assert sum(ln.startswith("C /dev/nvidia-caps/nvidia-cap") for ln in ref_snap) == 2
+        assert sum(ln.startswith("F /proc/driver/nvidia/capabilities/gpu") for ln in ref_snap) == 2
+    for way, (snap, opens) in results.items():
+        assert snap == ref_snap, f"{way} differs from the hook:\n" + "\n".join(
+            f"{'-' if x in ref_snap else '+'} {x}" for x in sorted(set(snap) ^ set(ref_snap)))
+        assert opens == ref_opens, way
