@@ -17,6 +17,7 @@ Any failure undoes everything done so far and raises NvhookError with one line.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -24,6 +25,7 @@ import signal
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from libinject import native
 from libinject.edits import ContainerEdits, DeviceEdit, MountEdit
@@ -42,8 +44,29 @@ LATE_KINDS = ("firmware", "ipc")
 EXPECT = {"binary": "file", "library": "file", "firmware": "file", "ipc": None,
           "procfs-gpu": "dir"}
 DEVICE_KINDS = ("control", "gpu", "mig", "imex")
+# Optional timing hook (bench/bench_apply.py): called as trace(phase, t) with t =
+# time.perf_counter() at the end of each phase (the worker's marks come back with
+# its report; perf_counter is CLOCK_MONOTONIC, the same clock in every process).
+trace: Callable[[str, float], None] | None = None
+_marks: list[tuple[str, float]] = []
+
+
+def _mark(phase: str) -> None:
+    if trace is not None:
+        _marks.append((phase, time.perf_counter()))
+
+
 COMPAT_LIBS = ("libcuda.so.", "libcudadebugger.so.", "libnvidia-nvvm.so.",
                "libnvidia-ptxjitcompiler.so.", "libnvidia-pkcs11", "libnvidia-gpucomp.so.")
+
+
+def _preload(edits: ContainerEdits) -> None:
+    """Import what the worker needs before forking: importing in a fresh fork costs
+    several times more (every page the import machinery writes is copied), and after
+    setns the container's namespace may not show this Python's files at all."""
+    import prctl  # noqa: F401
+    if edits.ldconfig_folders or edits.cuda_compat:
+        from libinject import ldconfig  # noqa: F401
 
 
 def _caps_kept() -> set[int]:
@@ -70,24 +93,48 @@ class _Sources:
 
 def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
           ldconfig: str = "@/sbin/ldconfig", no_cgroups: bool = False,
-          timeout: float = TIMEOUT) -> list[str]:
+          timeout: float = TIMEOUT, worker: bool = True) -> list[str]:
     """Apply edits to rootfs (in pid's mount namespace when pid is given), all or
-    nothing. Returns the container paths mounted, in order."""
+    nothing. Returns the container paths mounted, in order.
+
+    worker=False is for one-shot callers (a CLI process that exits afterwards): the
+    work runs in this process, without the worker's fork, pipes and copied pages. It
+    leaves this process with the worker's limited capabilities (for good) and umask
+    022; with a pid it enters the container's mount namespace and comes back to ours
+    (cwd kept) before the cgroup step. No `timeout` for the mount phase then (the
+    sandboxed ldconfig keeps its own)."""
+    _marks.clear()
+    _mark("start")
     nsfd = None
     if pid is not None:
         try:
             nsfd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             raise NvhookError(f"container process {pid}: {os.strerror(e.errno)}") from None
+    _preload(edits)
+    # Without a cgroup step nothing can fail after the worker's report: it commits
+    # on its own, saving a round trip.
+    cgroup_step = bool(edits.cgroup_rules and pid is not None and not no_cgroups)
+    if not worker:
+        try:
+            return _apply_here(edits, rootfs, pid, nsfd, ldconfig, cgroup_step)
+        finally:
+            if nsfd is not None:
+                os.close(nsfd)
+            _mark("commit")
+            _flush()
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
     cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child
         code = 1
+        # A short-lived worker: no collections, whose walk over the inherited heap
+        # would copy (COW) most of the parent's pages.
+        gc.disable()
         try:
             os.close(rep_r)
             os.close(cmd_w)
-            code = _child(edits, rootfs, nsfd, ldconfig, rep_w, cmd_r)
+            code = _child(edits, rootfs, nsfd, ldconfig, rep_w, cmd_r, wait=cgroup_step)
         finally:
             os._exit(code)
     os.close(rep_w)
@@ -98,9 +145,14 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
     undo = None
     try:
         report = reader.get(timeout, child)
+        _marks.extend((str(n), float(t)) for n, t in report.get("marks", ()))
+        _mark("report")
         if not report.get("ok"):
             raise NvhookError(report.get("error", "apply failed"))
-        if edits.cgroup_rules and pid is not None and not no_cgroups:
+        if report.get("committed"):
+            _mark("commit")
+            return list(report.get("mounts", []))
+        if cgroup_step:
             try:
                 from libinject import cgroups
                 undo = cgroups.allow_devices(pid, edits.cgroup_rules)
@@ -110,10 +162,12 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
                 extra = f" ({back['error']})" if not back.get("ok") else ""
                 msg = str(e) if isinstance(e, NvhookError) else f"{type(e).__name__}: {e}"
                 raise NvhookError(f"cgroup device rules: {msg}{extra}") from None
+            _mark("cgroups")
         os.write(cmd_w, b"commit\n")
         done = reader.get(timeout, child)
         if not done.get("ok"):
             raise NvhookError(done.get("error", "apply failed"))
+        _mark("commit")
         return list(report.get("mounts", []))
     except BaseException:
         if undo is not None:
@@ -126,6 +180,15 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
         os.close(cmd_w)
         reader.close()
         _reap(child)
+        _mark("reap")
+        _flush()
+
+
+def _flush() -> None:
+    if trace is not None:
+        for phase, t in _marks:
+            trace(phase, t)
+    _marks.clear()
 
 
 class _Reader:
@@ -170,40 +233,28 @@ def _send(fd: int, msg: dict) -> None:
 
 # -- the child ---------------------------------------------------------------------
 def _child(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
-           rep: int, cmd: int) -> int:  # pragma: no cover - runs in the child
+           rep: int, cmd: int, wait: bool = True) -> int:  # pragma: no cover - runs in the child
     journal = Journal()
     err = None
+    _marks.clear()
+    _mark("fork")
+    os.umask(0o022)
     try:
-        # Everything imported before setns: after it, the container's namespace may
-        # not show this Python's files at all (a container that already pivoted).
-        import prctl  # noqa: F401
-        from libinject import ldconfig as _  # noqa: F401
-        os.umask(0o022)
-        src = _open_sources(edits, ldconfig)
-        proc_fd()                       # the host's /proc, for after setns
-        host_id = _identity(rootfs)
-        if nsfd is not None:
-            native.setns(nsfd, native.CLONE_NEWNS)
-            os.close(nsfd)
-            os.chdir("/")
-            rootfs = _container_rootfs(rootfs, host_id)
-        limit_capabilities(_caps_kept())
-        root = RootFS(rootfs, journal)
-        _apply(edits, root, src, ldconfig)
-    except NvhookError as e:
-        err = str(e)
-    except OSError as e:
-        why = os.strerror(e.errno) if e.errno else str(e)
-        err = f"{e.filename + ': ' if e.filename else ''}{why}"
+        _work(edits, rootfs, nsfd, ldconfig, journal)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
-        err = f"internal error: {type(e).__name__}: {e}"
+        err = _error_line(e)
     if err is not None:
         left = journal.rollback()
         if left:
             err += f" (undo incomplete: {'; '.join(left)})"
-        _send(rep, {"ok": False, "error": err})
+        _send(rep, {"ok": False, "error": err, "marks": _marks})
         return 1
-    _send(rep, {"ok": True, "mounts": journal.mounts})
+    if not wait:
+        mounts = list(journal.mounts)
+        journal.commit()
+        _send(rep, {"ok": True, "mounts": mounts, "committed": True, "marks": _marks})
+        return 0
+    _send(rep, {"ok": True, "mounts": journal.mounts, "marks": _marks})
     try:
         verdict = os.read(cmd, 64).strip()
     except OSError:
@@ -215,6 +266,93 @@ def _child(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
     left = journal.rollback()   # rollback asked for, or the parent went away
     _send(rep, {"ok": not left, "error": f"undo incomplete: {'; '.join(left)}"})
     return 0
+
+
+def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
+          journal: Journal) -> None:
+    """Open the host side, enter the container's namespace (nsfd), limit
+    capabilities, apply. Raises; the journal holds what was done."""
+    # Everything is imported before setns (_preload): after it, the container's
+    # namespace may not show this Python's files at all (a container that already
+    # pivoted), or show the image's.
+    src = _open_sources(edits, ldconfig)
+    proc_fd()                       # the host's /proc, for after setns
+    host_id = _identity(rootfs)
+    _mark("sources")
+    if nsfd is not None:
+        native.setns(nsfd, native.CLONE_NEWNS)
+        os.chdir("/")
+        rootfs = _container_rootfs(rootfs, host_id)
+        _mark("setns")
+    limit_capabilities(_caps_kept())
+    root = RootFS(rootfs, journal)
+    _mark("caps")
+    try:
+        _apply(edits, root, src, ldconfig)
+    finally:
+        root.close()
+
+
+def _error_line(e: Exception) -> str:
+    if isinstance(e, NvhookError):
+        return str(e)
+    if isinstance(e, OSError):
+        why = os.strerror(e.errno) if e.errno else str(e)
+        return f"{e.filename + ': ' if e.filename else ''}{why}"
+    return f"internal error: {type(e).__name__}: {e}"
+
+
+def _apply_here(edits: ContainerEdits, rootfs: str, pid: int | None, nsfd: int | None,
+                ldconfig: str, cgroup_step: bool) -> list[str]:
+    """apply(worker=False): the worker's steps in this process, then the cgroup step
+    back in our own mount namespace (it needs the host's view of the cgroup tree)."""
+    journal = Journal()
+    home = cwd = None
+    if nsfd is not None:
+        home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def go_home() -> None:
+        if home is not None:
+            native.setns(home, native.CLONE_NEWNS)
+            os.fchdir(cwd)  # type: ignore[arg-type]
+
+    os.umask(0o022)
+    try:
+        try:
+            _work(edits, rootfs, nsfd, ldconfig, journal)
+        except Exception as e:  # noqa: BLE001 - one line, after the undo
+            err = _error_line(e)
+            left = journal.rollback()       # in the container's namespace: umount2
+            go_home()                       # only detaches mounts of the caller's own
+            if left:
+                err += f" (undo incomplete: {'; '.join(left)})"
+            raise NvhookError(err) from None
+        except BaseException:
+            journal.rollback()
+            go_home()
+            raise
+        go_home()
+        _mark("report")
+        if cgroup_step:
+            try:
+                from libinject import cgroups
+                cgroups.allow_devices(pid, edits.cgroup_rules)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - any failure rolls the mounts back
+                native.setns(nsfd, native.CLONE_NEWNS)  # type: ignore[arg-type]
+                left = journal.rollback()
+                go_home()
+                extra = f" (undo incomplete: {'; '.join(left)})" if left else ""
+                msg = str(e) if isinstance(e, NvhookError) else f"{type(e).__name__}: {e}"
+                raise NvhookError(f"cgroup device rules: {msg}{extra}") from None
+            _mark("cgroups")
+        mounts = list(journal.mounts)
+        journal.commit()
+        return mounts
+    finally:
+        for fd in (home, cwd):
+            if fd is not None:
+                os.close(fd)
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -278,18 +416,23 @@ def _check_device(d: DeviceEdit, st: os.stat_result) -> None:
 def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) -> None:
     if edits.procfs:
         _procfs(root, edits)
+        _mark("procfs")
     mounts = list(zip(edits.mounts, src.mounts))
     for kind in EARLY_KINDS:
         _mounts(root, [(m, s) for m, s in mounts if m.kind == kind])
+        _mark(kind)
     for ln in edits.symlinks:
         root.symlink(ln.target, ln.link)
+    _mark("symlinks")
     folders = list(edits.ldconfig_folders)
     if edits.cuda_compat:
         folders = _cuda_compat(root, edits, folders)
+        _mark("compat")
     for kind in LATE_KINDS:
         _mounts(root, [(m, s) for m, s in mounts if m.kind == kind])
     known = EARLY_KINDS + LATE_KINDS + ("procfs-gpu",)
     _mounts(root, [(m, s) for m, s in mounts if m.kind not in known])
+    _mark("late mounts")
     devices = list(zip(edits.device_nodes, src.devices))
     for kind in DEVICE_KINDS:
         _devices(root, [(d, s) for d, s in devices if d.kind == kind])
@@ -297,9 +440,10 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
             _gpu_procfs(root, edits, src)
             _mounts(root, [(m, s) for m, s in mounts if m.kind == "procfs-gpu"])
     _devices(root, [(d, s) for d, s in devices if d.kind not in DEVICE_KINDS])
+    _mark("devices")
     if folders:
         from libinject import ldconfig as ldc
-        ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig)
+        ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark)
 
 
 def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:

@@ -14,6 +14,7 @@ musl images have no ld.so.cache: their /etc/ld-musl-<arch>.path gets the folders
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 import resource
@@ -21,7 +22,7 @@ import select
 import signal
 import stat
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from libinject import native
 from libinject.errors import NvhookError
@@ -32,6 +33,7 @@ AT_FDCWD = -100
 KERNEL_FS = {"proc", "sysfs", "debugfs", "securityfs", "tracefs", "bpf", "cgroup", "cgroup2",
              "configfs", "efivarfs", "fusectl", "binfmt_misc", "hugetlbfs", "mqueue", "pstore"}
 TIMEOUT = 30.0
+MAX_FD = 0x7FFFFFFE     # closerange's upper end: "all" (one close_range(2) call)
 MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")   # musl's built-in default
 
 
@@ -124,9 +126,12 @@ def write_conf(root: RootFS, folders: Sequence[str]) -> str | None:
 
 
 def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
-           ldconfig: str = "@/sbin/ldconfig", timeout: float = TIMEOUT) -> str:
+           ldconfig: str = "@/sbin/ldconfig", timeout: float = TIMEOUT,
+           mark: Callable[[str], None] | None = None) -> str:
     """Make `folders` visible to the container's loader. Returns "musl", "ldconfig".
-    `exec_fd`: an ldconfig fd opened earlier (host binary opened before setns)."""
+    `exec_fd`: an ldconfig fd opened earlier (host binary opened before setns).
+    `mark`: optional timing hook, called with a phase name at the end of each phase."""
+    mark = mark or (lambda phase: None)
     folders = list(dict.fromkeys(folders))
     musl = is_musl(root)
     if musl:
@@ -135,6 +140,7 @@ def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
     if folders:
         write_conf(root, folders)
     root.preserve("/etc/ld.so.cache")   # rollback restores the image's cache
+    mark("ld.so.conf")
     own = exec_fd is None
     fd = open_ldconfig(ldconfig, root) if own else exec_fd
     try:
@@ -143,14 +149,19 @@ def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
     finally:
         if own:
             os.close(fd)  # type: ignore[arg-type]
+    mark("ldconfig")
     return "ldconfig"
 
 
 def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float = TIMEOUT) -> None:
     """Run exec_fd with argv inside the rootfs, sandboxed; raise NvhookError on failure."""
+    import prctl  # noqa: F401 - before the fork: importing in the child costs more
+    cap_last_cap()              # read once, here, rather than in every child
+    proc_fd()
     r, w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
+        gc.disable()            # a collection would copy (COW) the whole inherited heap
         try:
             os.close(r)
             _sandbox_child(root, exec_fd, argv, w)
@@ -214,7 +225,6 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     import prctl
 
     proc = proc_fd()                 # the host's /proc: our own fds and mountinfo
-    inherited = _open_fds(proc)
     last_cap = cap_last_cap()
     # A detached copy of the rootfs with what is mounted in it, taken from the fd (the
     # rootfs may be "/" of a container that has already pivoted).
@@ -235,17 +245,16 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
             native.umount2(mp, native.MNT_DETACH | 0x8)  # UMOUNT_NOFOLLOW
         except OSError:
             pass
-    # stdin: an empty pipe; stdout/stderr: our pipe; nothing else but the binary.
+    # stdin: an empty pipe; stdout/stderr: our pipe; nothing else but the binary
+    # (close_range around it: whatever the caller had open, CLOEXEC or not).
     pr, pw = os.pipe()
     os.dup2(pr, 0)
     os.dup2(err_fd, 1)
     os.dup2(err_fd, 2)
-    for fd in set(inherited) | {pr, pw, err_fd, tree, proc}:
-        if fd not in (0, 1, 2, exec_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    if exec_fd < 3:   # never: 0-2 were open before; keep it out of the way anyway
+        exec_fd = os.dup(exec_fd)
+    os.closerange(3, exec_fd)
+    os.closerange(exec_fd + 1, MAX_FD)
     for res, lim in ((resource.RLIMIT_CPU, 30), (resource.RLIMIT_AS, 1 << 30),
                      (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_CORE, 0),
                      (resource.RLIMIT_NOFILE, 1024)):
@@ -267,22 +276,22 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
 def _kernel_mounts(proc: int) -> list[str]:
     """Mount points of proc/sysfs/... in our (pivoted) namespace, deepest first."""
     out = []
-    with open("self/mountinfo", opener=lambda p, f: os.open(p, f, dir_fd=proc)) as fh:
-        for line in fh:
-            fields = line.split()
-            sep = fields.index("-")
-            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            if fields[sep + 1] in KERNEL_FS and mp != "/":
-                out.append(mp)
+    fd = os.open("self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    for line in b"".join(chunks).decode(errors="surrogateescape").splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        if fields[sep + 1] not in KERNEL_FS:
+            continue
+        mp = fields[4]
+        if "\\" in mp:
+            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mp)
+        if mp != "/":
+            out.append(mp)
     return sorted(out, key=lambda p: -p.count("/"))
 
-
-def _open_fds(proc: int) -> list[int]:
-    try:
-        fdd = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
-    except OSError:
-        return list(range(3, 1024))
-    try:
-        return [int(x) for x in os.listdir(fdd) if int(x) != fdd]
-    finally:
-        os.close(fdd)

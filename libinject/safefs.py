@@ -149,6 +149,7 @@ class Journal:
     mounts: list[str] = field(default_factory=list)     # container paths, in order
     created: list[str] = field(default_factory=list)    # container paths, in order
     _fds: list[int] = field(default_factory=list)
+    generation: int = 0     # bumped by rollback/commit (RootFS drops its cached dirs)
 
     def keep(self, fd: int) -> int:
         self._fds.append(fd)
@@ -196,11 +197,13 @@ class Journal:
         self.mounts.clear()
         self.created.clear()
         self._close()
+        self.generation += 1
         return errors
 
     def commit(self) -> None:
         self.entries.clear()
         self._close()
+        self.generation += 1
 
     def _close(self) -> None:
         for fd in self._fds:
@@ -224,9 +227,21 @@ class RootFS:
         st = os.fstat(self.fd)
         self.uid, self.gid = st.st_uid, st.st_gid     # the container's owner
         self.journal = journal if journal is not None else Journal()
+        # Resolved directories (container path -> O_PATH fd), so many targets in one
+        # directory resolve it once. An fd keeps naming the directory it resolved to
+        # (inside the rootfs) whatever is renamed since; any directory mount clears
+        # the cache, since it can cover a cached directory or one of its ancestors.
+        self._dirs: dict[str, int] = {}
+        self._gen = self.journal.generation
 
     def close(self) -> None:
+        self.forget_dirs()
         os.close(self.fd)
+
+    def forget_dirs(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
 
     # -- lookups -------------------------------------------------------------------
     def resolve(self, path: str, flags: int = os.O_PATH) -> int:
@@ -257,15 +272,34 @@ class RootFS:
             os.close(fd)
 
     # -- creation ------------------------------------------------------------------
-    def _own(self, fd: int, mode: int) -> None:
-        os.fchown(fd, self.uid, self.gid)
-        os.fchmod(fd, mode)
+    def _own(self, fd: int, mode: int, st: os.stat_result | None = None) -> None:
+        """Owner and mode of a new entry; `st` (its fstat) skips what already matches
+        (we create entries with their final mode, and as root for a root-owned rootfs)."""
+        if st is None or (st.st_uid, st.st_gid) != (self.uid, self.gid):
+            os.fchown(fd, self.uid, self.gid)
+        if st is None or stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
 
     def makedirs(self, path: str, mode: int = 0o755) -> int:
         """O_PATH fd of directory `path`, creating missing components (mkdirat on the
         resolved parent, owned by the rootfs owner). Each prefix is re-resolved from
         the rootfs, so a component swapped for a symlink still resolves inside it."""
         parts = split(path)
+        key = "/" + "/".join(parts)
+        if self._gen != self.journal.generation:   # rolled back or committed since
+            self.forget_dirs()
+            self._gen = self.journal.generation
+        cached = self._dirs.get(key)
+        if cached is not None:
+            return os.dup(cached)
+        try:   # the common case: it exists; one walk, still inside the rootfs
+            fd = openat2(self.fd, key[1:] or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, RESOLVE)
+        except OSError:
+            fd = self._makedirs(parts, mode)    # creates, or finds what is wrong
+        self._dirs[key] = os.dup(fd)
+        return fd
+
+    def _makedirs(self, parts: list[str], mode: int) -> int:
         cur = os.dup(self.fd)
         prefix = "/"
         try:
@@ -292,7 +326,7 @@ class RootFS:
             except NotADirectoryError:
                 raise NvhookError(f"cannot create {prefix} in the rootfs: not a directory") from None
             try:
-                os.mkdir(name, 0o700, dir_fd=cur)
+                os.mkdir(name, mode, dir_fd=cur)
             except FileExistsError:
                 # Something is there but did not resolve: a dangling symlink (e.g. to a
                 # host path) or a racing writer; never follow it.
@@ -307,8 +341,9 @@ class RootFS:
             fd = openat2(cur, name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
                          native.RESOLVE_NO_SYMLINKS | native.RESOLVE_BENEATH)
             try:
-                self.journal.create(prefix, cur, name, True, os.fstat(fd))
-                self._own(fd, mode)
+                st = os.fstat(fd)
+                self.journal.create(prefix, cur, name, True, st)
+                self._own(fd, mode, st)
             finally:
                 os.close(fd)
         raise NvhookError(f"cannot create {prefix} in the rootfs: it keeps changing")
@@ -322,21 +357,31 @@ class RootFS:
     def make_file(self, path: str, mode: int = 0o644) -> bool:
         """Create an empty regular file (mount target) unless something exists there.
         Never follows a symlink at the last component. Returns True if created."""
+        fd = self._create_file(path, mode)
+        if fd is None:
+            return False
+        os.close(fd)
+        return True
+
+    def _create_file(self, path: str, mode: int = 0o644) -> int | None:
+        """make_file, returning an fd of the new file (None if something was there)."""
         parent, name = self._parent(path)
         try:
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600, dir_fd=parent)
+                             | os.O_CLOEXEC, mode, dir_fd=parent)
             except FileExistsError:
-                return False
+                return None
             except OSError as e:
                 raise NvhookError(f"cannot create {path} in the rootfs: {os.strerror(e.errno)}") from None
             try:
-                self.journal.create(path, parent, name, False, os.fstat(fd))
-                self._own(fd, mode)
-            finally:
+                st = os.fstat(fd)
+                self.journal.create(path, parent, name, False, st)
+                self._own(fd, mode, st)
+            except BaseException:
                 os.close(fd)
-            return True
+                raise
+            return fd
         finally:
             os.close(parent)
 
@@ -447,8 +492,10 @@ class RootFS:
                 os.chown(tmp, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
                 self._replace(path, parent, name, tmp, old)
                 return True
-            self.journal.create(path, parent, name, False)
-            os.chown(name, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            self.journal.create(path, parent, name, False, st)
+            if (st.st_uid, st.st_gid) != (self.uid, self.gid):
+                os.chown(name, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
             return True
         except OSError as e:
             raise NvhookError(f"cannot create symlink {path} in the rootfs: {os.strerror(e.errno)}") from None
@@ -464,11 +511,16 @@ class RootFS:
         if is_dir:
             fd = self.makedirs(path)
         else:
-            self.make_file(path)
-            try:
-                fd = self.resolve(path)
-            except OSError as e:
-                raise NvhookError(f"mount target {path} in the rootfs: {os.strerror(e.errno)}") from None
+            # A file we just made is the target itself (no second lookup); anything
+            # already there is resolved (inside the rootfs) and checked below.
+            made = self._create_file(path)
+            if made is not None:
+                fd = made
+            else:
+                try:
+                    fd = self.resolve(path)
+                except OSError as e:
+                    raise NvhookError(f"mount target {path} in the rootfs: {os.strerror(e.errno)}") from None
         try:
             st = os.fstat(fd)
             ok = stat.S_ISDIR(st.st_mode) if is_dir else (
@@ -492,6 +544,8 @@ class RootFS:
         except OSError as e:
             raise NvhookError(f"cannot mount {path}: {os.strerror(e.errno)}") from None
         self.journal.mount(path, tree_fd)
+        if self._dirs and stat.S_ISDIR(os.fstat(target_fd).st_mode):
+            self.forget_dirs()
 
     def bind_mount(self, host_path: str, path: str, options: tuple[str, ...] = ("ro", "nosuid", "nodev"),
                    *, expect: str | None = None) -> None:
@@ -586,13 +640,20 @@ class RootFS:
 
 
 # -- privileges --------------------------------------------------------------------
+_CAP_LAST_CAP: int | None = None
+
+
 def cap_last_cap() -> int:
-    import prctl
-    try:
-        with open("sys/kernel/cap_last_cap", opener=lambda p, f: os.open(p, f, dir_fd=proc_fd())) as fh:
-            return int(fh.read())
-    except OSError:
-        return max(prctl.ALL_CAPS)
+    """The highest capability this kernel knows (read once per process)."""
+    global _CAP_LAST_CAP
+    if _CAP_LAST_CAP is None:
+        import prctl
+        try:
+            with open("sys/kernel/cap_last_cap", opener=lambda p, f: os.open(p, f, dir_fd=proc_fd())) as fh:
+                _CAP_LAST_CAP = int(fh.read())
+        except OSError:
+            return max(prctl.ALL_CAPS)
+    return _CAP_LAST_CAP
 
 
 def limit_capabilities(keep: set[int] | frozenset[int], *, last_cap: int | None = None) -> None:
@@ -608,6 +669,7 @@ def limit_capabilities(keep: set[int] | frozenset[int], *, last_cap: int | None 
                 prctl.capbset_drop(cap)
             except (OSError, ValueError):
                 pass
-    prctl.cap_inheritable.limit()
-    prctl.cap_effective.limit(*keep)
-    prctl.cap_permitted.limit(*keep)
+    # One capset(2) for all three sets (prctl's per-set limit() is three round trips).
+    drop = [c for c in prctl.ALL_CAPS if c not in keep]
+    prctl.set_caps((drop, (prctl.CAP_EFFECTIVE, prctl.CAP_PERMITTED), False),
+                   (list(prctl.ALL_CAPS), prctl.CAP_INHERITABLE, False))

@@ -55,9 +55,10 @@ def _apply_and_look(rootfs, edits, **kw):
                 link=os.readlink(lib / "libnvidia-ml.so.1"))
 
 
-def test_apply_standalone_exact_mounts(rootfs, tmp_path, no_leaked_mounts):
+@pytest.mark.parametrize("worker", [True, False], ids=["worker", "in-process"])
+def test_apply_standalone_exact_mounts(rootfs, tmp_path, worker, no_leaked_mounts):
     edits = make_host(tmp_path / "host")
-    r = in_ns(_apply_and_look, rootfs, edits)
+    r = in_ns(_apply_and_look, rootfs, edits, **({} if worker else {"worker": False}))
     planned = _planned(edits)
     got = [m["mp"][len(str(rootfs)):] for m in r["mounts"]]
     assert sorted(got) == sorted(planned)      # exactly these (mountinfo lists by creation)
@@ -111,21 +112,24 @@ def _check_untouched(rootfs, edits, before, **kw):
     return err
 
 
-def test_failure_half_way_leaves_nothing(rootfs, tmp_path, no_leaked_mounts):
+@pytest.mark.parametrize("worker", [True, False], ids=["worker", "in-process"])
+def test_failure_half_way_leaves_nothing(rootfs, tmp_path, worker, no_leaked_mounts):
     """/dev/nvidia2 is a directory in the image: fails at the per-GPU devices, after
     procfs, binaries, libraries, symlinks, firmware, IPC and control devices."""
     edits = make_host(tmp_path / "host")
     (rootfs / "dev/nvidia2").mkdir()
     before = snapshot(rootfs, dir_mtimes=False)
-    err = _check_untouched(rootfs, edits, before)
+    err = _check_untouched(rootfs, edits, before, **({} if worker else {"worker": False}))
     assert err == "mount target /dev/nvidia2 in the rootfs is a directory, expected a regular file"
 
 
-def test_failure_in_ldconfig_rolls_back(rootfs, tmp_path, no_leaked_mounts):
+@pytest.mark.parametrize("worker", [True, False], ids=["worker", "in-process"])
+def test_failure_in_ldconfig_rolls_back(rootfs, tmp_path, worker, no_leaked_mounts):
     edits = make_host(tmp_path / "host")
     before = snapshot(rootfs, dir_mtimes=False)
     false = shutil.which("false")
-    err = _check_untouched(rootfs, edits, before, ldconfig=f"@{false}")
+    err = _check_untouched(rootfs, edits, before, ldconfig=f"@{false}",
+                           **({} if worker else {"worker": False}))
     assert err.startswith("ldconfig failed: exit status 1")
 
 
@@ -221,6 +225,77 @@ def test_cgroup_rules_via_parent(rootfs, tmp_path, container, monkeypatch, no_le
     assert calls == [(container, edits.cgroup_rules)] and undone == [] and mnt_ok
 
 
+def _oneshot_into(rootfs, edits, pid, **kw):
+    """apply(worker=False) as a one-shot caller does, reporting what it did to this
+    process: namespace and cwd back as they were, capabilities limited."""
+    from libinject.apply_live import apply
+    os.chdir("/tmp")
+    ns = os.stat("/proc/self/ns/mnt").st_ino
+    try:
+        mounted = apply(edits, str(rootfs), pid=pid, worker=False, **kw)
+        err = None
+    except NvhookError as e:
+        mounted, err = None, str(e)
+    caps = {ln.split(":")[0]: int(ln.split()[1], 16) for ln in open("/proc/self/status")
+            if ln.startswith(("CapBnd", "CapPrm"))}
+    return dict(mounted=mounted, err=err, ns_back=os.stat("/proc/self/ns/mnt").st_ino == ns,
+                cwd=os.getcwd(), caps=caps, umask=os.umask(0o022))
+
+
+def test_in_process_into_other_namespace(rootfs, tmp_path, container, no_leaked_mounts):
+    edits = make_host(tmp_path / "host_src")
+    subprocess.run(["nsenter", "-t", str(container), "-m", "mount", "-t", "tmpfs", "tmpfs",
+                    str(tmp_path / "host_src")], check=True)
+    before_ns = mountinfo(container)
+    r = in_ns(_oneshot_into, rootfs, edits, container)
+    assert r["err"] is None and r["mounted"] == _planned(edits)
+    assert r["ns_back"] and r["cwd"] == "/tmp" and r["umask"] == 0o022
+    # the worker's capability set: no CAP_SYS_MODULE (16), CAP_SYS_ADMIN (21) kept
+    assert r["caps"]["CapPrm"] == r["caps"]["CapBnd"]
+    assert not r["caps"]["CapBnd"] & (1 << 16) and r["caps"]["CapBnd"] & (1 << 21)
+    mnts = new_mounts(before_ns, mountinfo(container))
+    assert sorted(m["mp"][len(str(rootfs)):] for m in mnts) == sorted(_planned(edits))
+    assert os.listdir(rootfs / "dev") == []       # made in the container's /dev tmpfs
+
+
+def test_in_process_cgroup_failure_rolls_back(rootfs, tmp_path, container, monkeypatch,
+                                              no_leaked_mounts):
+    """The cgroup step runs back in our namespace; its failure undoes the mounts in
+    the container's (umount2 only detaches mounts of the caller's namespace)."""
+    import libinject.cgroups as cg
+    edits = make_host(tmp_path / "host_src")
+    seen = []
+
+    def boom(pid, rules):
+        seen.append(os.stat("/proc/self/ns/mnt").st_ino)
+        raise NvhookError("no devices controller")
+
+    monkeypatch.setattr(cg, "allow_devices", boom)
+    before_ns = mountinfo(container)
+    r = in_ns(_oneshot_into, rootfs, edits, container)
+    assert r["err"] == "cgroup device rules: no devices controller"
+    assert r["ns_back"] and r["cwd"] == "/tmp"
+    assert new_mounts(before_ns, mountinfo(container)) == []
+    assert subprocess.run(["nsenter", "-t", str(container), "-m", "ls", f"{rootfs}/dev"],
+                          capture_output=True, text=True).stdout == ""
+
+
+def test_in_process_cgroup_v2_with_limited_caps(tmp_path, no_leaked_mounts):
+    """The cgroup step of apply(worker=False) runs with the worker's capabilities
+    (CAP_SYS_ADMIN, no CAP_BPF/CAP_NET_ADMIN): enough for runc's eBPF program."""
+    from support.runc import RuncContainer
+    edits = make_host(tmp_path / "drv", ngpu=2)
+    with RuncContainer(tmp_path, mode="v2", devices=[("/dev/nvidia0", 195, 0),
+                                                     ("/dev/nvidia1", 195, 1)]) as c:
+        c.create()
+        c.start()
+        assert c.open_result("/dev/nvidia1") == "EPERM"
+        r = in_ns(_oneshot_into, c.rootfs, edits, c.pid)
+        assert r["err"] is None and r["ns_back"]
+        assert not r["caps"]["CapBnd"] & ((1 << 39) | (1 << 12))
+        assert c.open_result("/dev/nvidia1") == "ENXIO"
+
+
 def test_bad_pid(rootfs, tmp_path):
     from libinject.apply_live import apply
     with pytest.raises(NvhookError, match="container process 999999999"):
@@ -273,15 +348,21 @@ def test_cuda_compat_ldconfig_mode(rootfs, tmp_path, no_leaked_mounts):
 
 
 # -- a real runc container (after it pivoted: --pid on a running container) ----------
+@pytest.mark.parametrize("worker", [True, False], ids=["worker", "in-process"])
 @pytest.mark.parametrize("cgroups", [False, True], ids=["no-cgroups", "cgroups"])
-def test_apply_into_running_runc_container(tmp_path, cgroups, no_leaked_mounts):
+def test_apply_into_running_runc_container(tmp_path, cgroups, worker, no_leaked_mounts):
     from libinject.apply_live import apply
     from support.runc import RuncContainer
     edits = make_host(tmp_path / "drv", ngpu=2)
     with RuncContainer(tmp_path, mode="v1") as c:
         c.create()
         c.start()
-        mounted = apply(edits, str(c.rootfs), pid=c.pid, no_cgroups=not cgroups)
+        if worker:
+            mounted = apply(edits, str(c.rootfs), pid=c.pid, no_cgroups=not cgroups)
+        else:   # in a one-shot process: it drops its capabilities for good
+            r = in_ns(_oneshot_into, c.rootfs, edits, c.pid, no_cgroups=not cgroups)
+            assert r["err"] is None and r["ns_back"]
+            mounted = r["mounted"]
         assert mounted == ["/proc/driver"] + _planned(edits)
         out = c.exec("sh", "-c", "ls /dev; cat /proc/driver/nvidia/params; "
                      "ls /proc/driver/nvidia/gpus; cat /proc/self/mountinfo").stdout

@@ -340,6 +340,54 @@ def test_tmpfs_filled_then_read_only(rootfs, no_leaked_mounts):
     assert wr == errno.EROFS
 
 
+def _dir_cache_and_mounts(rootfs):
+    """Targets in a directory that a later directory mount covers go into the mount,
+    not into the covered (cached) directory."""
+    from libinject.safefs import RootFS
+    r = RootFS(str(rootfs))
+    r.make_file("/opt/a/b/one")                    # caches /opt/a/b
+    r.tmpfs("/opt/a", readonly=False, mode=0o755)  # covers /opt/a and /opt/a/b
+    r.make_file("/opt/a/b/two")
+    r.close()
+    return sorted(os.listdir(rootfs / "opt/a")), sorted(os.listdir(rootfs / "opt/a/b"))
+
+
+def test_dir_cache_follows_directory_mounts(rootfs, no_leaked_mounts):
+    top, inner = in_ns(_dir_cache_and_mounts, rootfs)
+    assert top == ["b"] and inner == ["two"]        # made in the tmpfs
+    assert sorted(os.listdir(rootfs / "opt/a/b")) == ["one"]   # outside: the covered dir
+
+
+def test_dir_cache_after_rollback(rootfs):
+    """A directory removed by rollback is not reused from the cache."""
+    from libinject.safefs import Journal, RootFS
+    r = RootFS(str(rootfs), Journal())
+    assert r.make_file("/opt/x/y/f")
+    assert r.journal.rollback() == []
+    assert not (rootfs / "opt").exists()
+    assert r.make_file("/opt/x/y/g")
+    assert os.listdir(rootfs / "opt/x/y") == ["g"]
+    r.close()
+
+
+def test_new_entries_skip_needless_chown(rootfs, tmp_path):
+    """Entries are created with their final mode; owner fixed only when it differs."""
+    from libinject.safefs import RootFS
+    os.chown(rootfs, 1234, 1234)
+    try:
+        r = RootFS(str(rootfs))
+        r.make_file("/opt/d/f")
+        r.symlink("f", "/opt/d/l")
+        r.close()
+        for p, mode in (("opt", 0o755), ("opt/d", 0o755), ("opt/d/f", 0o644)):
+            st = os.stat(rootfs / p)
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 1234, mode)
+        st = os.lstat(rootfs / "opt/d/l")
+        assert (st.st_uid, st.st_gid) == (1234, 1234)
+    finally:
+        os.chown(rootfs, 0, 0)
+
+
 def test_symlinks_create_replace_restore(rootfs, tmp_path):
     host = tmp_path / "hostfile"
     host.write_text("host")
@@ -512,6 +560,21 @@ def test_sandbox_environment_and_limits(rootfs):
     assert in_ns(_sandbox, rootfs, ["sh", "-c", script], 10) == "ok"
     assert in_ns(_sandbox, rootfs, ["sh", "-c", "echo boom >&2; exit 7"], 10) == \
         "ldconfig failed: exit status 7: boom"
+
+
+def _sandbox_with_inherited_fd(rootfs):
+    # a caller's fd that is not close-on-exec, far above the usual range
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(fd, 900, inheritable=True)
+    os.close(fd)
+    try:
+        return _sandbox(rootfs, ["sh", "-c", "(: <&900) 2>/dev/null && exit 6; exit 0"], 10)
+    finally:
+        os.close(900)
+
+
+def test_sandbox_closes_every_inherited_fd(rootfs):
+    assert in_ns(_sandbox_with_inherited_fd, rootfs) == "ok"
 
 
 def test_sandbox_timeout(rootfs):
