@@ -7,7 +7,11 @@ ratio to NVIDIA's stack measured on this machine kind (hook + nvidia-container-c
 ~32 ms for 1 GPU, ~36 ms for 8 GPUs all caps; its Go hook alone ~5-7 ms for no GPU).
 Then 20 containers with 1 GPU started in parallel: all must succeed.
 
-    .venv/bin/python bench/bench_hook.py [--runs N]
+The GPU cases run twice: exec'd (the front execs Python; NVHOOK_SOCKET=none) and served
+(the front hands them to a warm `nvhook serve`, libinject/hookserver.py, started here on
+a private socket); the parallel case too.
+
+    .venv/bin/python bench/bench_hook.py [--runs N] [--no-serve]
 """
 from __future__ import annotations
 
@@ -28,16 +32,21 @@ sys.path.insert(0, str(REPO / "tests"))
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 NVIDIA_MS = {"no GPU": 6.0, "1 GPU utility,compute": 32.0, "8 GPUs all caps": 36.0}
+GPU1 = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility,compute"]
+GPU8 = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"]
+SERVED = " (served)"
 CASES = {
     "no hook": None,
     "no GPU": [],
-    "1 GPU utility,compute": ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility,compute"],
-    "8 GPUs all caps": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"],
+    "1 GPU utility,compute": GPU1,
+    "8 GPUs all caps": GPU8,
+    "1 GPU utility,compute" + SERVED: GPU1,
+    "8 GPUs all caps" + SERVED: GPU8,
 }
 
 
 def _bundle(work: Path, name: str, rootfs: Path, env: list[str] | None, hook: dict) -> Path:
-    b = work / f"bundle-{name.replace(' ', '_').replace(',', '')}"
+    b = work / f"bundle-{name.replace(' ', '_').replace(',', '').replace('(', '').replace(')', '')}"
     b.mkdir()
     subprocess.run([RUNC, "spec", "--bundle", str(b)], check=True)
     cfg = json.loads((b / "config.json").read_text())
@@ -56,6 +65,23 @@ def _run(state: Path, bundle: Path, cid: str) -> tuple[float, subprocess.Complet
     return (time.perf_counter() - t) * 1000, r
 
 
+def _serve(cfg: Path, sock: Path, log: Path) -> subprocess.Popen:
+    """`nvhook serve` on a private socket, as a unit would start it (through the front:
+    python -I, clean env); returns once it listens and has warmed discovery."""
+    from support import hookenv
+
+    proc = subprocess.Popen([hookenv.ensure_front(), "--config", str(cfg), "serve", "--socket", str(sock)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(log, "wb"), env={})
+    deadline = time.monotonic() + 60
+    while "warm:" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"nvhook serve did not start: {log.read_text(errors='replace')}")
+        time.sleep(0.02)
+    return proc
+
+
 def _p90(xs: list[float]) -> float:
     return sorted(xs)[max(0, int(round(0.9 * len(xs))) - 1)]
 
@@ -65,7 +91,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--parallel", type=int, default=20)
     ap.add_argument("--no-snapshot", action="store_true", help="rediscover the driver on every start")
+    ap.add_argument("--no-serve", action="store_true", help="only the exec'd hook (no `nvhook serve`)")
     opts = ap.parse_args()
+    cases = {n: e for n, e in CASES.items() if not (opts.no_serve and n.endswith(SERVED))}
     snapshot = "false" if opts.no_snapshot else "true"
 
     from libinject.sim.build import create_host
@@ -73,15 +101,21 @@ def main() -> int:
     from support import hookenv
 
     work = Path(tempfile.mkdtemp(prefix="nvhook-bench-hook-"))
+    server: subprocess.Popen | None = None
     try:
         host = create_host(work / "host", profile="a100x8")
         rootfs = build_rootfs(work / "rootfs")
         cfg = work / "config.toml"
         cfg.write_text(f'[nvidia-container-cli]\nroot = "{host}"\n'
                        f'[nvhook]\nsnapshot = {snapshot}\nsnapshot-dir = "{work}/snapshots"\n')
-        hook = hookenv.hook_entry(cfg)
+        sock = work / "serve/hook.sock"
+        hook = hookenv.hook_entry(cfg, env=["NVHOOK_SOCKET=none"])
+        served = hookenv.hook_entry(cfg, env=[f"NVHOOK_SOCKET={sock}"])
         state = work / "runc"
-        bundles = {name: _bundle(work, name, rootfs, env, hook) for name, env in CASES.items()}
+        bundles = {name: _bundle(work, name, rootfs, env, served if name.endswith(SERVED) else hook)
+                   for name, env in cases.items()}
+        if not opts.no_serve:
+            server = _serve(cfg, sock, work / "serve.log")
 
         # warm-up: page cache, discovery snapshot
         for name, b in bundles.items():
@@ -89,7 +123,7 @@ def main() -> int:
             if r.returncode != 0:
                 print(f"{name}: runc run failed: {r.stderr.strip()}")
                 return 1
-        times: dict[str, list[float]] = {n: [] for n in CASES}
+        times: dict[str, list[float]] = {n: [] for n in cases}
         for i in range(opts.runs):            # interleaved, so drift hits every case alike
             for name, b in bundles.items():
                 ms, r = _run(state, b, f"c{i}")
@@ -101,16 +135,16 @@ def main() -> int:
         base = statistics.median(times["no hook"])
         base90 = _p90(times["no hook"])
         print(f"runc run, {opts.runs} runs each (ms): median / p90 of the whole run; added = minus 'no hook'")
-        print(f"  {'no hook':24s} {base:7.1f} / {base90:6.1f}")
+        print(f"  {'no hook':32s} {base:7.1f} / {base90:6.1f}")
         ok = True
-        for name in list(CASES)[1:]:
+        for name in list(cases)[1:]:
             med, p90 = statistics.median(times[name]), _p90(times[name])
             added, added90 = med - base, p90 - base90
-            ref = NVIDIA_MS[name]
+            ref = NVIDIA_MS[name.removesuffix(SERVED)]
             target = ref if name == "no GPU" else ref / 2
             verdict = "ok" if added <= target else "over target"
             ok &= added <= target
-            print(f"  {name:24s} {med:7.1f} / {p90:6.1f}   added {added:6.1f} / {added90:6.1f}   "
+            print(f"  {name:32s} {med:7.1f} / {p90:6.1f}   added {added:6.1f} / {added90:6.1f}   "
                   f"x{med / base:.2f} of runc run   {added / ref:.2f} of NVIDIA's {ref:.0f} ms "
                   f"(target <= {target:.0f} ms: {verdict})")
 
@@ -126,23 +160,34 @@ def main() -> int:
 
         # 20 GPU containers at once, each with its own rootfs (as image layers would give them;
         # one shared rootfs would have 20 ldconfigs renaming the same ld.so.cache).
-        env = CASES["1 GPU utility,compute"]
-        par = []
-        for i in range(opts.parallel):
-            own = work / f"rootfs-{i}"
-            subprocess.run(["cp", "-a", str(rootfs), str(own)], check=True)
-            par.append(_bundle(work, f"par{i}", own, env, hook))
-        t = time.perf_counter()
-        with ThreadPoolExecutor(opts.parallel) as pool:
-            results = list(pool.map(lambda i: _run(state, par[i], f"par{i}"), range(opts.parallel)))
-        wall = (time.perf_counter() - t) * 1000
-        failed = [r.stderr.strip() for _, r in results if r.returncode != 0]
-        print(f"  {opts.parallel} containers (1 GPU) in parallel: {opts.parallel - len(failed)} ok, "
-              f"{len(failed)} failed, {wall:.0f} ms wall")
-        for f in failed[:3]:
-            print(f"    {f}")
-        return 0 if not failed else 1
+        all_ok = True
+        for label, entry in [("exec'd", hook)] + ([] if opts.no_serve else [("served", served)]):
+            par = []
+            for i in range(opts.parallel):
+                own = work / f"rootfs-{label[:4]}-{i}"
+                subprocess.run(["cp", "-a", str(rootfs), str(own)], check=True)
+                par.append(_bundle(work, f"par-{label[:4]}-{i}", own, GPU1, entry))
+            t = time.perf_counter()
+            with ThreadPoolExecutor(opts.parallel) as pool:
+                results = list(pool.map(lambda i: _run(state, par[i], f"par-{label[:4]}-{i}"),
+                                        range(opts.parallel)))
+            wall = (time.perf_counter() - t) * 1000
+            failed = [r.stderr.strip() for _, r in results if r.returncode != 0]
+            print(f"  {opts.parallel} containers (1 GPU, {label}) in parallel: {opts.parallel - len(failed)} ok, "
+                  f"{len(failed)} failed, {wall:.0f} ms wall")
+            for f in failed[:3]:
+                print(f"    {f}")
+            all_ok &= not failed
+        if not opts.no_serve:
+            log = (work / "serve.log").read_text(errors="replace")
+            n = log.count(": status 0 in ")
+            want = (1 + opts.runs) * sum(c.endswith(SERVED) for c in cases) + opts.parallel
+            print(f"  nvhook serve answered {n} of the {want} served starts (the rest fell back to exec)")
+        return 0 if all_ok else 1
     finally:
+        if server is not None and server.poll() is None:
+            server.terminate()
+            server.wait(30)
         subprocess.run(["sh", "-c", f'for c in $({RUNC} --root "{work}/runc" list -q 2>/dev/null); do '
                         f'{RUNC} --root "{work}/runc" delete -f "$c"; done'], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -17,8 +17,17 @@
  *   A config.json spelling a trigger with \u escapes goes unseen: that only denies the
  *   container GPUs, it never grants anything.
  *
+ * A GPU container goes first to `nvhook serve` if one listens on $NVHOOK_SOCKET (from
+ * the hook's env, the runtime's trusted hook entry; default NVHOOK_SOCKET_DEFAULT; "none"
+ * turns it off): the front sends its argv, the two env entries Python would honour and
+ * fds (state memfd, stdout, stderr, cwd, root), then exits with the status the server
+ * sends (protocol: libinject/hookserver.py). No server, or one that does not take the
+ * request: exec Python as before. Once the server has taken it ("A"), there is no
+ * falling back (the container may be partly configured): its status is final.
+ *
  * Built static where possible, so the dynamic loader (and an LD_PRELOAD in the hook's
- * environment) never runs. Logic stays in Python; this file only filters and execs.
+ * environment) never runs. Logic stays in Python; this file only filters, forwards and
+ * execs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,15 +37,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #ifndef NVHOOK_PYTHON
 #define NVHOOK_PYTHON "/usr/bin/python3"
 #endif
 
+#ifndef NVHOOK_SOCKET_DEFAULT
+#define NVHOOK_SOCKET_DEFAULT "/run/nvhook/hook.sock"   /* as [nvhook] socket's default */
+#endif
+
 #define MAX_STATE (1 << 20)     /* as libinject.oci_state.MAX_STATE_BYTES */
+#define MAX_REQUEST (64 << 10)  /* as libinject.hookserver.MAX_REQUEST */
+#define SERVE_WAIT_S 5          /* a wedged server costs a container this, then we exec */
 #define MAX_SPEC (16 << 20)     /* as libinject.oci_state.MAX_CONFIG_BYTES */
 #define MAX_CONF (1 << 20)
 
@@ -131,23 +149,38 @@ static void die(const char *what)
     _exit(1);
 }
 
+/* The state in a memfd (offset 0), or -1. */
+static int state_memfd(void)
+{
+    int fd = (int)syscall(SYS_memfd_create, "nvhook-state", 1 /* MFD_CLOEXEC */);
+    if (fd < 0)
+        return -1;
+    size_t off = 0;
+    while (off < g_state_len) {
+        ssize_t w = write(fd, g_state + off, g_state_len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            close(fd);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    if (lseek(fd, 0, SEEK_SET) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* Hand over to Python: state on fd 0, cwd "/", explicit environment. Never returns. */
 static void exec_python(void)
 {
     if (g_state) {
-        int fd = (int)syscall(SYS_memfd_create, "nvhook-state", 0);
+        int fd = state_memfd();
         if (fd < 0)
-            die("memfd_create");
-        size_t off = 0;
-        while (off < g_state_len) {
-            ssize_t w = write(fd, g_state + off, g_state_len - off);
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w < 0)
-                die("write state");
-            off += (size_t)w;
-        }
-        if (lseek(fd, 0, SEEK_SET) < 0 || dup2(fd, 0) < 0)
+            die("state memfd");
+        if (dup2(fd, 0) < 0)
             die("state fd");
         close(fd);
     }
@@ -203,6 +236,134 @@ static void exec_python(void)
     execve(python, av, envp);
     dprintf(2, "nvhook: cannot run %s: %s\n", python, strerror(errno));
     _exit(1);
+}
+
+/* Append a protocol item (kind + NUL-terminated value) to buf; 0 if it does not fit. */
+static int put_item(char *buf, size_t *len, char kind, const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = b ? strlen(b) + 1 : 0;
+    if (*len + 1 + la + lb + 1 > MAX_REQUEST)
+        return 0;
+    buf[(*len)++] = kind;
+    memcpy(buf + *len, a, la);
+    *len += la;
+    if (b) {
+        buf[(*len)++] = '=';
+        memcpy(buf + *len, b, lb - 1);
+        *len += lb - 1;
+    }
+    buf[(*len)++] = '\0';
+    return 1;
+}
+
+/* Hand the request to `nvhook serve`. Returns if it is not there or does not take it
+ * (the caller then execs Python); once it has taken it, exits with its status. */
+static void try_serve(void)
+{
+    const char *path = getenv("NVHOOK_SOCKET");
+    if (!path || !*path)
+        path = NVHOOK_SOCKET_DEFAULT;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strcmp(path, "none") == 0 || strlen(path) >= sizeof addr.sun_path || !g_state)
+        return;
+    strcpy(addr.sun_path, path);
+
+    static char req[MAX_REQUEST];
+    size_t len = 0;
+    memcpy(req, "NVHOOK1", 8);
+    len = 8;
+    for (int i = 0; i < g_argc; i++)
+        if (!put_item(req, &len, 'a', g_argv[i], NULL))
+            return;
+    static const char *const env_names[] = {"NVHOOK_CONFIG", "XDG_CONFIG_HOME", NULL};
+    for (const char *const *n = env_names; *n; n++) {
+        const char *v = getenv(*n);
+        if (v && !put_item(req, &len, 'e', *n, v))
+            return;
+    }
+
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return;
+    /* Until the server has taken the request, waiting is bounded (connect on a full
+     * backlog honours SO_SNDTIMEO); afterwards its status is all that counts. */
+    struct timeval tv = {.tv_sec = SERVE_WAIT_S};
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        close(s); /* ENOENT, ECONNREFUSED, EACCES...: no service for us */
+        return;
+    }
+    int fds[5] = {state_memfd(), 1, 2, open(".", O_PATH | O_DIRECTORY | O_CLOEXEC),
+                  open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)};
+    int ok = fds[0] >= 0 && fds[3] >= 0 && fds[4] >= 0;
+    if (ok) {
+        union {
+            char buf[CMSG_SPACE(sizeof fds)];
+            struct cmsghdr align;
+        } ctl;
+        memset(&ctl, 0, sizeof ctl);
+        struct iovec iov = {.iov_base = req, .iov_len = len};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                             .msg_controllen = sizeof ctl.buf};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof fds);
+        memcpy(CMSG_DATA(c), fds, sizeof fds);
+        ssize_t w;
+        do
+            w = sendmsg(s, &msg, MSG_NOSIGNAL);
+        while (w < 0 && errno == EINTR);
+        ok = w == (ssize_t)len;
+    }
+    for (int i = 0; i < 5; i++)
+        if (i == 0 || i >= 3)
+            if (fds[i] >= 0)
+                close(fds[i]);
+    char reply[8];
+    ssize_t n = -1;
+    if (ok)
+        do
+            n = recv(s, reply, sizeof reply, 0);
+        while (n < 0 && errno == EINTR);
+    if (n != 1 || reply[0] != 'A') {
+        close(s); /* refused, declined, too slow or gone before taking it: do it ourselves */
+        return;
+    }
+    /* "G": we are committed to the server. Only now does the worker start; had we timed
+     * out and fallen back just as "A" came, it would see us gone and do nothing. */
+    ssize_t w;
+    do
+        w = send(s, "G", 1, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    if (w != 1) {
+        close(s);
+        return;
+    }
+    tv.tv_sec = 0;
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    do
+        n = recv(s, reply, sizeof reply, 0);
+    while (n < 0 && errno == EINTR);
+    if (n != 5 || reply[0] != 'S') {
+        dprintf(2, "nvhook: hook service: connection lost while configuring the container\n");
+        _exit(1);
+    }
+    int status;
+    memcpy(&status, reply + 1, sizeof status);
+    if (status == -2)
+        dprintf(2, "nvhook: hook service: timed out configuring the container\n");
+    else if (status < 0 || status > 255)
+        dprintf(2, "nvhook: hook service: worker died configuring the container\n");
+    _exit(status < 0 || status > 255 ? 1 : status);
+}
+
+/* A hook stage that needs Python's answer: the warm service if there is one, else exec. */
+static void hand_over(void)
+{
+    try_serve();
+    exec_python();
 }
 
 /* Does config.toml set a key from CONF_KEYS (in a line that is not a comment)? */
@@ -321,19 +482,19 @@ int main(int argc, char **argv)
     if (noop)
         return 0;
     if (!g_state || g_state_len > MAX_STATE || config_widens())
-        exec_python();
+        hand_over();
 
     char *bundle = state_bundle();
     if (!bundle)
-        exec_python();
+        hand_over();
     /* A relative bundle is relative to where the runtime started us (we have not moved). */
     int bfd = open(bundle, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int fd = bfd < 0 ? -1 : openat(bfd, "config.json", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        exec_python();
+        hand_over();
     size_t len;
     char *spec = read_all(fd, MAX_SPEC, &len);
     if (!spec || len > MAX_SPEC || spec_may_want_gpu(spec, len))
-        exec_python();
+        hand_over();
     return 0;
 }

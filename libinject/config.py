@@ -87,6 +87,8 @@ class NvhookConfig:
     dev_root: str = ""                  # where dev/ and proc/ are read ("" = driver root)
     log_file: str = ""                  # hook log ("" = [nvidia-container-cli] debug)
     log_level: str = ""                 # "" = [nvidia-container-runtime] log-level
+    socket: str = "/run/nvhook/hook.sock"   # `nvhook serve`: where it listens (hookfront: $NVHOOK_SOCKET)
+    serve_timeout: float = 60.0         # `nvhook serve`: seconds one request may take
 
 
 @dataclass(frozen=True)

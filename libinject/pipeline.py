@@ -3,27 +3,34 @@ Request -> discover -> plan -> apply_live (DESIGN.md §2).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from libinject.edits import ContainerEdits
 from libinject.request import Request
+
+if TYPE_CHECKING:
+    from libinject.model import Driver
 
 
 def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/",
               ldcache: str | None = None, dev_root: str | None = None,
               nvml_timeout: float = 10.0, snapshot: bool = True,
               snapshot_dir: str | None = None, dry_run: bool = False,
-              log: Callable[[str], None] | None = None) -> ContainerEdits:
+              log: Callable[[str], None] | None = None,
+              discover_fn: Callable[..., Driver] | None = None) -> ContainerEdits:
     """Discover the driver under root, plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
-    All-or-nothing: raises NvhookError and leaves the container as it was."""
+    All-or-nothing: raises NvhookError and leaves the container as it was.
+    discover_fn: stands in for libinject.discover.discover (same signature), e.g. the
+    hook server's in-memory cache (libinject.hookserver)."""
     from libinject.discover import discover
     from libinject.plan import container_lib_dirs, plan
 
     say = log or (lambda msg: None)
-    driver = discover(root or "/", ldcache=ldcache or None, dev_root=dev_root or None,
-                      nvml_timeout=nvml_timeout, user=request.user, snapshot=snapshot,
-                      snapshot_dir=snapshot_dir or None)
+    driver = (discover_fn or discover)(root or "/", ldcache=ldcache or None,
+                                       dev_root=dev_root or None, nvml_timeout=nvml_timeout,
+                                       user=request.user, snapshot=snapshot,
+                                       snapshot_dir=snapshot_dir or None)
     say(f"driver {driver.info.driver_version} (cuda {driver.info.cuda_version}) under {driver.root}: "
         f"{len(driver.info.gpus)} GPUs, libraries from {driver.library_source}")
     lib_dir, lib32_dir = container_lib_dirs(rootfs)

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cdi-hook": ("nvhook.cmd_cdi_hook", "hooks that CDI specs call (create-symlinks, update-ldcache)"),
     "runtime": ("nvhook.cmd_runtime", "runtime shim in front of runc/crun"),
     "sim": ("nvhook.cmd_sim", "build simulated GPU hosts"),
+    "serve": ("nvhook.cmd_serve", "serve the OCI hook from a warm process (optional)"),
 }
 
 # Global options that take a value (so the command can be found without parsing).

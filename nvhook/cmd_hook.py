@@ -76,16 +76,50 @@ def _start_cwd() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The exec path: the state on stdin, the cwd the front reports."""
     cwd = _start_cwd()
     os.chdir("/")
     stage = args.command
     if stage in NOOP_STAGES:
         try:
-            sys.stdin.buffer.read(1 << 20)  # drain: a runtime writing the state must not get EPIPE
+            sys.stdin.buffer.read(1 << 20)  # drain: a runtime writing the state must not get EPERM
         except (OSError, ValueError):
             pass
         return 0
+    from libinject.oci_state import MAX_STATE_BYTES
 
+    try:
+        data = sys.stdin.buffer.read(MAX_STATE_BYTES + 1)
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"nvhook: cannot read the container state: {e}\n")
+        return 1
+    return handle(stage, data, args, cwd=cwd)
+
+
+def handle(stage: str, state: bytes, args: argparse.Namespace, *, cwd: str | None,
+           environ: dict[str, str] | None = None, own_pid: int | None = None,
+           discover=None) -> int:
+    """The hook's whole job for one container, for both paths: the exec'd Python (run)
+    and a `nvhook serve` worker (libinject.hookserver). Errors: one line on stderr
+    ("nvhook: ..."), exit status 1.
+
+    state: the state JSON as read from stdin (at most MAX_STATE_BYTES + 1 bytes);
+    args: the global options (config, debug); cwd: where the runtime started the hook
+    (a relative bundle is taken from there); environ: where the config is looked up
+    (default os.environ); own_pid: the hook process's pid as /proc counts it (the
+    createContainer stage stands it in for the container; default: /proc/self);
+    discover: libinject.discover.discover or a stand-in (the server's cache)."""
+    from libinject.errors import NvhookError
+
+    try:
+        return _handle(stage, state, args, cwd, environ, own_pid, discover)
+    except NvhookError as e:
+        sys.stderr.write(f"nvhook: {e}\n")
+        sys.stderr.flush()
+        return 1
+
+
+def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
     from libinject import config as config_mod
     from libinject import oci_state
     from libinject.errors import NvhookError
@@ -93,9 +127,11 @@ def run(args: argparse.Namespace) -> int:
 
     log = HookLog(args.debug or "", "debug")
     try:
-        cfg = config_mod.load(args.config)
+        cfg = config_mod.load(args.config, environ)
         log = HookLog(args.debug or cfg.log_file(), "debug" if args.debug else cfg.log_level())
-        state = oci_state.read_state(sys.stdin.buffer)
+        if len(data) > oci_state.MAX_STATE_BYTES:
+            raise NvhookError(f"container state on stdin is larger than {oci_state.MAX_STATE_BYTES} bytes")
+        state = oci_state.parse_state(data)
         log.ident = f"{state.id[:12]}: "
         bundle = oci_state.bundle_dir(state, cwd)
         spec = oci_state.load_config(bundle)
@@ -104,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         if request is None:
             log.info(f"{stage}: not a GPU container, nothing to do")
             return 0
-        return _configure(stage, state, spec, bundle, request, cfg, log)
+        return _configure(stage, state, spec, bundle, request, cfg, log, own_pid, discover)
     except NvhookError as e:
         log.error(f"{stage}: {e}")
         raise
@@ -115,13 +151,17 @@ def run(args: argparse.Namespace) -> int:
         raise NvhookError(f"{stage} hook failed: {type(e).__name__}: {e}") from None
 
 
-def _configure(stage, state, spec, bundle, request, cfg, log: HookLog) -> int:
+def _configure(stage, state, spec, bundle, request, cfg, log: HookLog, own_pid=None,
+               discover=None) -> int:
     from dataclasses import replace
 
     from libinject import oci_state
     from libinject.pipeline import configure
 
-    pid = oci_state.container_pid(state, stage)
+    if stage == "createContainer" and own_pid is not None:
+        pid = own_pid   # served: the front's pid (it runs in the container's namespaces)
+    else:
+        pid = oci_state.container_pid(state, stage)
     rootfs = oci_state.rootfs_path(spec, bundle)
     if not os.path.isdir(rootfs):
         from libinject.errors import NvhookError
@@ -135,7 +175,7 @@ def _configure(stage, state, spec, bundle, request, cfg, log: HookLog) -> int:
     configure(request, rootfs, pid=pid, root=cfg.cli.root or "/", ldcache=cfg.cli.ldcache,
               dev_root=cfg.nvhook.dev_root, nvml_timeout=cfg.nvhook.nvml_timeout,
               snapshot=cfg.nvhook.snapshot, snapshot_dir=cfg.nvhook.snapshot_dir,
-              log=log.info)
+              log=log.info, discover_fn=discover)
     log.info(f"{stage}: done")
     return 0
 
