@@ -17,12 +17,16 @@ def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/"
               nvml_timeout: float = 10.0, snapshot: bool = True,
               snapshot_dir: str | None = None, dry_run: bool = False,
               log: Callable[[str], None] | None = None,
-              discover_fn: Callable[..., Driver] | None = None) -> ContainerEdits:
+              discover_fn: Callable[..., Driver] | None = None,
+              in_process: bool = False) -> ContainerEdits:
     """Discover the driver under root, plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
     discover_fn: stands in for libinject.discover.discover (same signature), e.g. the
-    hook server's in-memory cache (libinject.hookserver)."""
+    hook server's in-memory cache (libinject.hookserver).
+    in_process: apply in this process instead of a forked worker (one fork less on the
+    hook's path); only for one-shot processes, since it limits this process's
+    capabilities for good."""
     from libinject.discover import discover
     from libinject.plan import container_lib_dirs, plan
 
@@ -42,6 +46,7 @@ def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/"
         return edits
     from libinject.apply_live import apply
 
-    apply(edits, rootfs, pid=pid, ldconfig=request.ldconfig, no_cgroups=request.no_cgroups)
+    apply(edits, rootfs, pid=pid, ldconfig=request.ldconfig, no_cgroups=request.no_cgroups,
+          worker=not in_process)
     say(f"applied to rootfs {rootfs} (pid {pid})")
     return edits

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     log = (lambda msg: _debug(args.debug, msg)) if args.debug else None
     edits = configure(request, rootfs, pid=pid, root=args.root or "/", ldcache=args.ldcache,
-                      dry_run=args.dry_run, log=log)
+                      dry_run=args.dry_run, log=log, in_process=True)
     if args.json:
         import json
 

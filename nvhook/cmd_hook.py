@@ -175,7 +175,7 @@ def _configure(stage, state, spec, bundle, request, cfg, log: HookLog, own_pid=N
     configure(request, rootfs, pid=pid, root=cfg.cli.root or "/", ldcache=cfg.cli.ldcache,
               dev_root=cfg.nvhook.dev_root, nvml_timeout=cfg.nvhook.nvml_timeout,
               snapshot=cfg.nvhook.snapshot, snapshot_dir=cfg.nvhook.snapshot_dir,
-              log=log.info, discover_fn=discover)
+              log=log.info, discover_fn=discover, in_process=True)
     log.info(f"{stage}: done")
     return 0
 

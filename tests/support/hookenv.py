@@ -51,9 +51,14 @@ def write_config(path: Path, host: Path, *, log: Path | None = None, extra: str 
 
 def hook_entry(config: Path | str, stage: str = "prestart", env: Sequence[str] = (),
                path: str | None = None) -> dict[str, Any]:
+    """A hook entry for the front. It never uses a hook service unless env names one: a
+    service at the default socket on the test machine must not answer for these tests."""
+    env = list(env)
+    if not any(e.startswith("NVHOOK_SOCKET=") for e in env):
+        env.append("NVHOOK_SOCKET=none")
     return {"path": path or ensure_front(),
             "args": ["nvhook-hook", "--config", str(config), stage],
-            "env": list(env), "timeout": 60}
+            "env": env, "timeout": 60}
 
 
 # -- crun -------------------------------------------------------------------------------
