@@ -19,9 +19,12 @@ $(VENV)/.installed: $(NATIVE_SRC)
 
 # The hook's compiled front (csrc/hookfront.c): static where libc.a allows, so no dynamic
 # loader (nor LD_PRELOAD) runs in it; it execs this venv's python for GPU containers.
+# Python starts with -S and this import path (the package's dir and site-packages).
+PYPATH = $(shell $(PY) -c 'import sysconfig; print("$(abspath .):" + sysconfig.get_paths()["purelib"])' 2>/dev/null)
+FRONT_DEFS = -DNVHOOK_PYTHON='"$(abspath $(PY))"' -DNVHOOK_PYPATH='"$(PYPATH)"'
 $(VENV)/bin/nvhook-hook: csrc/hookfront.c $(VENV)/.installed
-	$(CC) -O2 -Wall -static -DNVHOOK_PYTHON='"$(abspath $(PY))"' -o $@ csrc/hookfront.c 2>/dev/null || \
-	$(CC) -O2 -Wall -DNVHOOK_PYTHON='"$(abspath $(PY))"' -o $@ csrc/hookfront.c
+	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/hookfront.c 2>/dev/null || \
+	$(CC) -O2 -Wall $(FRONT_DEFS) -o $@ csrc/hookfront.c
 
 venv: deps $(VENV)/.installed $(VENV)/bin/nvhook-hook
 

@@ -65,7 +65,15 @@ static const char *const TRIGGERS[] = {
 static const char *const CONF_KEYS[] = {"swarm-resource", "annotation-prefixes", NULL};
 /* global options of nvhook that take a value (nvhook/cli.py _VALUED) */
 static const char *const VALUED[] = {"--root", "--ldcache", "--user", "--debug", "--config", NULL};
-static const char *const PY_MAIN = "import sys; from nvhook.cli import main; sys.exit(main())";
+/* Python runs with -I -S: no site module, so none of site-packages' .pth files (~20 ms of
+ * start-up); the import path is the one `make venv` baked in (the package's and the
+ * venv's site-packages), passed as the first argument. */
+static const char *const PY_MAIN =
+    "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; "
+    "from nvhook.cli import main; sys.exit(main())";
+#ifndef NVHOOK_PYPATH
+#define NVHOOK_PYPATH ""
+#endif
 
 static char *const *g_argv;
 static int g_argc;
@@ -222,14 +230,17 @@ static void exec_python(void)
             }
         }
     }
-    char **av = calloc((size_t)g_argc + 4, sizeof *av);
+    char **av = calloc((size_t)g_argc + 6, sizeof *av);
     if (!av)
         die("calloc");
     int na = 0;
     av[na++] = (char *)python;
     av[na++] = "-I";
+    if (*NVHOOK_PYPATH)
+        av[na++] = "-S";
     av[na++] = "-c";
     av[na++] = (char *)PY_MAIN;
+    av[na++] = NVHOOK_PYPATH;
     for (int i = 1; i < g_argc; i++)
         av[na++] = g_argv[i];
     av[na] = NULL;

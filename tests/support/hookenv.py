@@ -26,15 +26,18 @@ CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
 
 
 def ensure_front() -> str:
-    """The front as `make venv` builds it; rebuilt here when missing or older than its
-    source (same command as the Makefile rule)."""
+    """The front as `make venv` builds it (same defines as the Makefile rule); rebuilt
+    here when missing or older than its source."""
     if not FRONT.exists() or FRONT.stat().st_mtime < FRONT_SRC.stat().st_mtime:
-        define = f'-DNVHOOK_PYTHON="{PY}"'
+        import sysconfig
+
+        pypath = f"{REPO}:{sysconfig.get_paths()['purelib']}"
+        defines = [f'-DNVHOOK_PYTHON="{PY}"', f'-DNVHOOK_PYPATH="{pypath}"']
         tmp = FRONT.with_name(f".nvhook-hook.{os.getpid()}")
-        r = subprocess.run(["cc", "-O2", "-static", define, "-o", str(tmp), str(FRONT_SRC)],
+        r = subprocess.run(["cc", "-O2", "-static", *defines, "-o", str(tmp), str(FRONT_SRC)],
                            capture_output=True)
         if r.returncode != 0:
-            subprocess.run(["cc", "-O2", define, "-o", str(tmp), str(FRONT_SRC)], check=True)
+            subprocess.run(["cc", "-O2", *defines, "-o", str(tmp), str(FRONT_SRC)], check=True)
         os.replace(tmp, FRONT)
     return str(FRONT)
 
