@@ -263,7 +263,11 @@ def _child(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
         journal.commit()
         _send(rep, {"ok": True})
         return 0
-    left = journal.rollback()   # rollback asked for, or the parent went away
+    # Rollback asked for, or the parent went away. If it died after its cgroup step
+    # (allow_devices) and before "commit", the device rules it added stay (nobody is
+    # left to undo them) while the mounts go: the runtime fails the container start
+    # on the hook's death, so the rules die with that container's cgroup.
+    left = journal.rollback()
     _send(rep, {"ok": not left, "error": f"undo incomplete: {'; '.join(left)}"})
     return 0
 

@@ -7,13 +7,24 @@ inside the rootfs; procfs/sysfs mounts in the rootfs detached too (no /proc/1/ro
 out); empty environment, no new privileges, only CAP_DAC_OVERRIDE (as the rootfs owner
 root) or none, rlimits, and a timeout.
 
+The sandbox is also its own pid, network and IPC namespace (ldconfig is pid 1 there:
+it can see and signal no host process, reach no abstract socket or SysV IPC object),
+and its copy of the rootfs is nodev,nosuid: the host's ldconfig following an image's
+`include /etc/x` into a device node gets EACCES instead of running a driver's open()
+as host root. Kernel filesystems that cannot be detached abort the run (fail closed).
+
 By default the *host's* ldconfig runs ("@/sbin/ldconfig"): Debian's is static, so it
 runs inside any rootfs, and images without ldconfig work. A path without "@" is the
 image's own ldconfig, accepted only when it resolves to a regular file in the rootfs.
-musl images have no ld.so.cache: their /etc/ld-musl-<arch>.path gets the folders.
+That is allowed (as nvidia-container-cli allows it), since the sandbox above holds
+an image binary as well as the host's: it runs as the rootfs owner with at most
+CAP_DAC_OVERRIDE, no new privileges, inside the rootfs copy and its own namespaces.
+musl images have no ld.so.cache: their /etc/ld-musl-<arch>.path gets the folders
+(only a regular file there, never a symlink, counts as musl's and is read).
 """
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import re
@@ -51,7 +62,7 @@ def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
         if root is None:
             raise NvhookError(f"ldconfig {spec}: a container path needs the rootfs")
         try:
-            fd = root.resolve(spec, os.O_RDONLY)
+            fd = root.open_regular(spec)    # checked before it is opened for reading
         except OSError as e:
             raise NvhookError(f"ldconfig {spec} in the rootfs: {os.strerror(e.errno)}") from None
     st = os.fstat(fd)
@@ -71,10 +82,13 @@ def musl_arch() -> str:
 
 
 def is_musl(root: RootFS) -> str | None:
-    """Container path of the musl .path file if the image uses musl's loader."""
+    """Container path of the musl .path file if the image uses musl's loader: it has
+    the loader, or a .path that is a regular file itself (an image's symlink there,
+    to anything, does not make a glibc image musl)."""
     arch = musl_arch()
     path = f"/etc/ld-musl-{arch}.path"
-    if root.lookup(path) is not None:
+    st = root.lstat(path)
+    if st is not None and stat.S_ISREG(st.st_mode):
         return path
     if root.lookup(f"/lib/ld-musl-{arch}.so.1") is not None:
         return path
@@ -83,8 +97,11 @@ def is_musl(root: RootFS) -> str | None:
 
 def update_musl(root: RootFS, path: str, folders: Sequence[str]) -> None:
     """Add folders to musl's search path file (replacing, not writing through, a
-    symlink). A new file starts from musl's default path, which it replaces."""
-    data = root.read_file(path)
+    symlink). A new file starts from musl's default path, which it replaces. Only a
+    regular file is read: a symlink (to a file the container cannot read, say) is
+    replaced by a new file, never copied into one readable by all."""
+    st = root.lstat(path)
+    data = root.read_file(path, follow=False) if st is not None and not stat.S_ISLNK(st.st_mode) else None
     if data is None:
         have = list(MUSL_DEFAULT_PATH)
     else:
@@ -113,7 +130,7 @@ def write_conf(root: RootFS, folders: Sequence[str]) -> str | None:
         for name in os.listdir(dfd):
             if name.startswith("00-nvcr-") and name.endswith(".conf"):
                 try:
-                    same = root.read_file(f"{CONF_DIR}/{name}", 1 << 16) == data
+                    same = root.read_file(f"{CONF_DIR}/{name}", 1 << 16, follow=False) == data
                 except (NvhookError, OSError):
                     continue
                 if same:
@@ -157,9 +174,36 @@ def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float
     """Run exec_fd with argv inside the rootfs, sandboxed; raise NvhookError on failure."""
     import prctl  # noqa: F401 - before the fork: importing in the child costs more
     cap_last_cap()              # read once, here, rather than in every child
-    proc_fd()
-    r, w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
+    proc = proc_fd()
+    # The child is pid 1 of a new pid namespace: unshare(CLONE_NEWPID) here applies to
+    # our next child only, and setns back to our own namespace right after the fork
+    # keeps every later child of ours in it. (Unsharing in the child would need one
+    # more fork of this big process: ~2 ms; this costs two syscalls.)
+    own_pidns = os.open("self/ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        native.unshare(native.CLONE_NEWPID)
+    except OSError as e:
+        os.close(own_pidns)
+        raise NvhookError(f"ldconfig sandbox: new pid namespace: {os.strerror(e.errno)}") from None
+    try:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+    except BaseException:
+        native.setns(own_pidns, native.CLONE_NEWPID)
+        os.close(own_pidns)
+        raise
+    if pid != 0:
+        try:
+            native.setns(own_pidns, native.CLONE_NEWPID)
+        except OSError as e:    # never expected; later forks would fail, so say so now
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            os.close(w)
+            raise NvhookError(f"ldconfig sandbox: back to our pid namespace: "
+                              f"{os.strerror(e.errno)}") from None
+        finally:
+            os.close(own_pidns)
     if pid == 0:  # pragma: no cover - child
         gc.disable()            # a collection would copy (COW) the whole inherited heap
         try:
@@ -230,8 +274,14 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     # rootfs may be "/" of a container that has already pivoted).
     tree = native.open_tree(root.fd, "", native.OPEN_TREE_CLONE | native.OPEN_TREE_CLOEXEC
                             | native.AT_EMPTY_PATH | native.AT_RECURSIVE)
-    # A private mount namespace: nothing below propagates anywhere.
-    native.unshare(native.CLONE_NEWNS)
+    # nodev: the image's device nodes cannot be opened (an ld.so.conf `include` of a
+    # char device would run its driver's open as host root); nosuid: nothing gains
+    # privileges by exec (no_new_privs too). Before the copy is attached anywhere.
+    native.mount_setattr(tree, "", native.AT_EMPTY_PATH | native.AT_RECURSIVE,
+                         native.MOUNT_ATTR_NODEV | native.MOUNT_ATTR_NOSUID)
+    # A private mount namespace (nothing below propagates anywhere), and network and
+    # IPC namespaces of its own (the pid namespace came with the fork).
+    native.unshare(native.CLONE_NEWNS | native.CLONE_NEWNET | native.CLONE_NEWIPC)
     native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
     native.move_mount(tree, "", AT_FDCWD, "/", native.MOVE_MOUNT_F_EMPTY_PATH)
     os.fchdir(tree)
@@ -239,12 +289,22 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     native.umount2(".", native.MNT_DETACH)
     os.chdir("/")
     # Kernel filesystems inside the rootfs (runc has mounted the container's /proc by
-    # prestart time) would give a way back to the host (/proc/1/root): detach them.
-    for mp in _kernel_mounts(proc):
-        try:
-            native.umount2(mp, native.MNT_DETACH | 0x8)  # UMOUNT_NOFOLLOW
-        except OSError:
-            pass
+    # prestart time) would give a way back to the host (/proc/1/root): detach them,
+    # and abort if any is left (one covered by another mount surfaces once the mount
+    # above it is gone: a few rounds).
+    left = _kernel_mounts(proc)
+    for _round in range(8):
+        if not left:
+            break
+        for mp in left:
+            try:
+                native.umount2(mp, native.MNT_DETACH | 0x8)  # UMOUNT_NOFOLLOW
+            except OSError:
+                pass
+        left = _kernel_mounts(proc)
+    if left:
+        raise OSError(errno.EBUSY, f"cannot detach kernel filesystem at {left[0]} in the "
+                      "rootfs copy; refusing to run ldconfig")
     # stdin: an empty pipe; stdout/stderr: our pipe; nothing else but the binary
     # (close_range around it: whatever the caller had open, CLOEXEC or not).
     pr, pw = os.pipe()

@@ -1,10 +1,18 @@
 """Ask NVML about the driver and its GPUs, in a child process that cannot hurt the host.
 
-The parent (query()) runs this file as a script: `python -I nvml.py LIBPATH` with an
-explicit environment, optionally as another user, and a timeout. The child loads the
-driver root's libnvidia-ml.so.1 by path (never the default search path), drops its
-capabilities and sets no-new-privs before touching the library, and prints a JSON
-DriverInfo (or {"error": ...}). A hung driver is killed, not waited for.
+The parent (query()) runs this file as a script: `python -I nvml.py LIBPATH UID GID
+ROOT` with an explicit environment and a timeout. The child becomes UID:GID (by
+default 65534:65534, nobody, as nvidia-container-cli's privilege separation; --user
+or the config's `user` say otherwise), drops every capability and sets no-new-privs
+before touching the library, loads the driver root's libnvidia-ml.so.1 by path
+(never the default search path), and prints a JSON DriverInfo (or {"error": ...}).
+A hung driver is killed, not waited for.
+
+A driver root other than "/" may sit below directories only root can enter (a
+root-only temp dir, /root): the child, still root, binds it over /tmp in a private
+mount namespace of its own and loads the library from there, so what the
+unprivileged child needs is read access to the driver root's own files only (real
+drivers: world-readable libraries, /dev/nvidiactl 0666).
 
 The child imports nothing from libinject (start-up time, and a smaller surface).
 """
@@ -60,7 +68,26 @@ def _drop_privileges(user: tuple[int, int] | None = None) -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def _child(libpath: str, user: tuple[int, int] | None) -> dict:
+def _expose_root(root: str, libpath: str) -> str:
+    """Bind the driver root over /tmp in a private mount namespace (we are still
+    root) and return the library's path there. Nothing reaches the host's mounts."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x1000, 0x4000, 1 << 18
+    rel = os.path.relpath(libpath, root)
+    if rel.startswith(".."):
+        raise OSError(22, f"{libpath} is not under the driver root {root}")
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    if libc.mount(root.encode(), b"/tmp", None, MS_BIND | MS_REC, None) != 0:
+        raise OSError(ctypes.get_errno(), f"bind {root}")
+    return os.path.join("/tmp", rel)
+
+
+def _child(libpath: str, user: tuple[int, int] | None, root: str = "") -> dict:
     import ctypes
 
     # Python and pynvml are loaded while we may still read them; the driver's
@@ -68,6 +95,8 @@ def _child(libpath: str, user: tuple[int, int] | None) -> dict:
     # the same: drop to the user, then dlopen NVML).
     import pynvml
 
+    if root and root != "/":
+        libpath = _expose_root(root, libpath)
     _drop_privileges(user)
 
     try:
@@ -153,7 +182,7 @@ def _query(nv) -> dict:
 def _child_main() -> int:
     try:
         user = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else None
-        result = _child(sys.argv[1], user)
+        result = _child(sys.argv[1], user, sys.argv[4] if len(sys.argv) > 4 else "")
     except Exception as e:  # one line back to the parent, whatever went wrong
         result = {"error": f"{type(e).__name__}: {e}"}
     sys.stdout.write(json.dumps(result))
@@ -163,9 +192,13 @@ def _child_main() -> int:
 
 # ----------------------------------------------------------------------------- parent
 
+DEFAULT_USER = (65534, 65534)   # nobody:nogroup, as nvidia-container-cli
+
+
 def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, int] | None = None,
           env: dict[str, str] | None = None):
-    """DriverInfo from NVML at `libpath` (a host path inside `root`), via a child process."""
+    """DriverInfo from NVML at `libpath` (a host path inside `root`), via a child process
+    running as `user` (default DEFAULT_USER) without capabilities."""
     import signal
     import subprocess
 
@@ -174,9 +207,10 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
 
     child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
     child_env.update(env or {})
-    argv = [sys.executable, "-I", os.path.abspath(__file__), libpath]
-    if user is not None:
-        argv += [str(int(user[0])), str(int(user[1]))]
+    if user is None:
+        user = DEFAULT_USER
+    argv = [sys.executable, "-I", os.path.abspath(__file__), libpath,
+            str(int(user[0])), str(int(user[1])), os.path.abspath(root)]
     try:
         proc = subprocess.Popen(
             argv,

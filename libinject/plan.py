@@ -95,14 +95,15 @@ def _exists_in_root(rootfs: str, path: str) -> bool:
     """Does `path` exist inside rootfs, resolving symlinks as if rootfs were "/"?
     (openat2 RESOLVE_IN_ROOT: an image's symlinks can never lead out of its rootfs.)"""
     from libinject import native
+    from libinject.safefs import openat2   # retries the EAGAIN of a racing ".." walk
 
     try:
         rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise NvhookError(f"invalid rootfs directory {rootfs}: {e.strerror}") from None
     try:
-        fd = native.openat2(rfd, path.lstrip("/"), os.O_PATH | os.O_CLOEXEC, 0,
-                            native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS)
+        fd = openat2(rfd, path.lstrip("/"), os.O_PATH | os.O_CLOEXEC,
+                     native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS)
     except OSError:
         return False
     finally:

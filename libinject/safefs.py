@@ -13,6 +13,7 @@ them in reverse order (all-or-nothing apply).
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -114,13 +115,30 @@ def _kind(mode: int) -> str:
 def open_host(path: str, *, recursive: bool = False) -> tuple[int, os.stat_result]:
     """Clone a host path into a detached mount (open_tree OPEN_TREE_CLONE).
 
-    Host paths come from discovery, but a driver root can be another container's
-    rootfs, so magic links are refused. The detached tree can later be attached in any
-    mount namespace we enter (that is how sources opened on the host reach a container
-    whose namespace cannot see them). Returns (tree fd, stat of the source)."""
-    pfd = openat2(AT_FDCWD, path, os.O_PATH | os.O_CLOEXEC, native.RESOLVE_NO_MAGICLINKS)
+    Host paths come from discovery, which already resolved the driver root's symlinks
+    (SONAME links, merged /lib) as if the root were "/". So here no symlink is followed
+    anywhere in the path (RESOLVE_NO_SYMLINKS, magic links included): a local user who
+    controls a component (a world-writable dir, a driver root that is another
+    container's rootfs) cannot swap in a symlink between discovery and apply and get
+    e.g. the host's /etc mounted into a container. The detached tree can later be
+    attached in any mount namespace we enter (that is how sources opened on the host
+    reach a container whose namespace cannot see them). Returns (tree fd, stat of the
+    source); callers check its type (and a device's rdev) on that stat."""
+    if not path.startswith("/"):
+        raise OSError(errno.EINVAL, "host source path must be absolute", path)
+    try:
+        pfd = openat2(AT_FDCWD, path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      native.RESOLVE_NO_SYMLINKS | native.RESOLVE_NO_MAGICLINKS)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NvhookError(f"cannot open host source {path}: a component is a symlink "
+                              "(it changed since discovery, or the driver root path has "
+                              "symlinks); refusing to follow it") from None
+        raise
     try:
         st = os.fstat(pfd)
+        if stat.S_ISLNK(st.st_mode):    # never with the flags above; belt and braces
+            raise NvhookError(f"cannot open host source {path}: it is a symlink")
         flags = (native.OPEN_TREE_CLONE | native.OPEN_TREE_CLOEXEC | native.AT_EMPTY_PATH
                  | (native.AT_RECURSIVE if recursive else 0))
         return native.open_tree(pfd, "", flags), st
@@ -257,19 +275,54 @@ class RootFS:
             return None
         return fd, os.fstat(fd)
 
-    def read_file(self, path: str, limit: int = 1 << 20) -> bytes | None:
-        """Contents of a regular file of the image (None if absent)."""
+    def lstat(self, path: str) -> os.stat_result | None:
+        """stat of the entry itself (a last-component symlink is not followed; the
+        parents resolve inside the rootfs), or None if absent."""
         try:
-            fd = self.resolve(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+            fd = self.resolve(path, os.O_PATH | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise NvhookError(f"{path} in the rootfs is a {_kind(st.st_mode)}, not a regular file")
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def read_file(self, path: str, limit: int = 1 << 20, *, follow: bool = True) -> bytes | None:
+        """Contents of a regular file of the image (None if absent). The file is
+        found with O_PATH and checked (regular, not on procfs/sysfs) before it is
+        opened for reading, through /proc/self/fd of that very inode: nothing of the
+        image's (a device node, a fifo) is ever open()ed by us as host root.
+        follow=False: a symlink at the last component is refused too."""
+        try:
+            fd = self.open_regular(path, follow=follow)
+        except FileNotFoundError:
+            return None
+        try:
             return os.read(fd, limit)
         finally:
             os.close(fd)
+
+    def open_regular(self, path: str, *, follow: bool = True) -> int:
+        """O_RDONLY fd of a regular file of the image, checked before it is opened (see
+        read_file). Raises FileNotFoundError if absent, NvhookError if not a regular
+        file (or on procfs/sysfs)."""
+        pfd = self.resolve(path, os.O_PATH | (0 if follow else os.O_NOFOLLOW))
+        try:
+            st = os.fstat(pfd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NvhookError(f"{path} in the rootfs is a {_kind(st.st_mode)}, not a regular file")
+            if fs_type(pfd) in (native.PROC_SUPER_MAGIC, native.SYSFS_MAGIC):
+                raise NvhookError(f"{path} in the rootfs is on procfs/sysfs")
+            # The magic link names the inode pfd holds, whatever the path says now.
+            fd = os.open(f"self/fd/{pfd}", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=proc_fd())
+        finally:
+            os.close(pfd)
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):   # never: the same inode
+            os.close(fd)
+            raise NvhookError(f"{path} in the rootfs changed while opening it")
+        return fd
 
     # -- creation ------------------------------------------------------------------
     def _own(self, fd: int, mode: int, st: os.stat_result | None = None) -> None:

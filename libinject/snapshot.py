@@ -132,13 +132,23 @@ def load(path: str, key: str):
 
     File format: the fingerprint on the first line, then the Driver as JSON, so a
     stale snapshot is rejected without parsing it."""
+    # The directory is opened (never followed if a symlink) and checked through its
+    # fd, and the file opened relative to that fd: what is checked is what is read,
+    # whatever is renamed or swapped in between.
     try:
-        dst = os.lstat(os.path.dirname(path))
-        if not stat.S_ISDIR(dst.st_mode) or not _trusted(dst):
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dfd = os.open(os.path.dirname(path) or ".",
+                      os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not _trusted(os.fstat(dfd)):
+            return None
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not _trusted(st):

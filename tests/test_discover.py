@@ -203,13 +203,30 @@ def test_unreadable_root(tmp_path):
 
 def test_nvml_runs_without_privileges(fresh_sim_host, tmp_path):
     root = fresh_sim_host("t4x1")
-    # root's own tmp dir is 0700: as nobody the child cannot even load the library,
-    # which shows the setuid happened before NVML was touched.
+    # A 0700 dir above the driver root (root's own tmp dir) does not stop nobody: the
+    # child binds the driver root where it can reach it before dropping privileges.
     os.chmod(tmp_path, 0o700)
+    assert len(discover(str(root), snapshot=False, user=(65534, 65534)).info.gpus) == 1
+    # The driver's own library dir closed to others: as nobody the child cannot even
+    # load the library, which shows the setuid happened before NVML was touched.
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    os.chmod(libdir, 0o700)
     with pytest.raises(NvhookError, match="cannot load"):
         discover(str(root), snapshot=False, user=(65534, 65534))
-    # As root without capabilities the library loads (root owns the files).
+    # As root without capabilities (--user 0:0) the library loads (root owns the files).
+    assert len(discover(str(root), snapshot=False, user=(0, 0)).info.gpus) == 1
+
+
+def test_nvml_default_user_is_nobody(fresh_sim_host):
+    """Without --user the NVML child is 65534:65534, not capability-less root: a
+    library dir only nobody may read loads by default and not as 0:0."""
+    root = fresh_sim_host("t4x1")
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    os.chown(libdir, 65534, 65534)
+    os.chmod(libdir, 0o700)
     assert len(discover(str(root), snapshot=False).info.gpus) == 1
+    with pytest.raises(NvhookError, match="cannot load"):
+        discover(str(root), snapshot=False, user=(0, 0))
 
 
 def test_nvml_child_drops_capabilities():
@@ -364,3 +381,43 @@ def test_ipc_dirs_not_owned_by_root_are_refused(fresh_sim_host, tmp_path):
     os.chown(mps, 0, 0)
     os.chmod(host / "tmp", 0o777)          # world-writable without the sticky bit
     assert "/tmp/nvidia-mps" not in ipcs()
+
+
+def test_snapshot_dir_swapped_after_check_not_followed(fresh_sim_host, tmp_path, monkeypatch):
+    """The snapshot dir is checked, then swapped for a symlink to a directory another
+    user controls holding a forged snapshot (same name, right fingerprint): what was
+    checked must be what is read."""
+    from libinject import snapshot as snap
+    root = fresh_sim_host("t4x1")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    (good,) = sdir.iterdir()
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    key, body = good.read_text().split("\n", 1)
+    doc = json.loads(body)
+    doc["info"]["driver_version"] = "666.6.6"
+    forged = evil / good.name
+    forged.write_text(key + "\n" + json.dumps(doc))
+    os.chmod(forged, 0o600)
+    os.chown(evil, 65534, 65534)          # the directory is theirs; the file looks ours
+    real = snap._trusted
+    swapped = []
+
+    def check_then_swap(st):
+        ok = real(st)
+        if not swapped and os.path.isdir(sdir) and not os.path.islink(sdir):
+            swapped.append(1)
+            os.rename(sdir, tmp_path / "snaps.away")
+            os.symlink(evil, sdir)
+        return ok
+    monkeypatch.setattr(snap, "_trusted", check_then_swap)
+    got = snap.load(snap.path_for(str(sdir), *_snap_args(root)), key)
+    assert swapped
+    assert got is None or got.info.driver_version == d0.info.driver_version
+
+
+def _snap_args(root):
+    from libinject.discover import DEFAULT_LDCACHE
+    r = os.path.abspath(str(root))
+    return r, r, os.path.join(r, DEFAULT_LDCACHE.lstrip("/"))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
+import stat
 import threading
 from pathlib import Path
 
@@ -191,3 +193,58 @@ def test_symlink_swapped_in_during_apply(rootfs, tmp_path, no_leaked_mounts):
     assert snapshot(host) == before
     print(f"race: {flips[0]} flips, {sum(e is None for e in outcomes)}/{len(outcomes)} applies "
           f"succeeded; errors: {sorted(set(e for e in outcomes if e))[:3]}")
+
+
+# -- the host side: a source path swapped for a symlink after planning ---------------
+def _plan_sim(host: Path, rootfs: Path):
+    from libinject.discover import discover
+    from libinject.plan import plan
+    from libinject.request import Request
+    driver = discover(str(host), snapshot=False)
+    return plan(Request(devices="0", capabilities=frozenset({"utility", "compute"})), driver)
+
+
+@pytest.mark.parametrize("swap", ["usr/lib/x86_64-linux-gnu", "proc/driver/nvidia/gpus",
+                                  "lib/firmware/nvidia", "run/nvidia-persistenced"])
+def test_host_source_dir_swapped_for_symlink(fresh_sim_host, rootfs, tmp_path, swap,
+                                             no_leaked_mounts):
+    """A local user who controls a component of a host source path (here: any driver
+    dir) swaps it for a symlink to a host directory between discovery and apply, with
+    the same names inside. Apply must not follow it: it fails, mounts nothing, and
+    nothing from the canary appears in the container."""
+    host = fresh_sim_host("a100x8")
+    edits = _plan_sim(host, rootfs)
+    real = host / swap
+    canary = tmp_path / "hostcanary"
+    def copy(src, dst):      # sockets (persistenced) cannot be copied: make new ones
+        if stat.S_ISSOCK(os.lstat(src).st_mode):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(dst)
+            s.close()
+        else:
+            shutil.copy2(src, dst)
+    shutil.copytree(real, canary, symlinks=True, copy_function=copy)
+    for dirpath, _, files in os.walk(canary):      # same names, host content
+        for n in files:
+            p = Path(dirpath) / n
+            if p.is_file() and not p.is_symlink():
+                p.write_bytes(b"host secret\n")
+    before = snapshot(canary)
+    real.rename(real.with_name(real.name + ".away"))
+    real.symlink_to(canary)
+
+    def go():
+        from libinject.apply_live import apply
+        pre = mountinfo()
+        try:
+            apply(edits, str(rootfs))
+            err = None
+        except NvhookError as e:
+            err = str(e)
+        return err, new_mounts(pre, mountinfo())
+
+    err, mnts = in_ns(go)
+    assert [m for m in mnts if m["root"].startswith(str(canary))] == []
+    assert err is not None and "a component is a symlink" in err, err
+    assert mnts == []
+    assert snapshot(canary) == before

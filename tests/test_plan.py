@@ -337,3 +337,23 @@ def test_container_lib_dirs_never_leave_rootfs(tmp_path):
     (merged / "real/lib/x86_64-linux-gnu").mkdir(parents=True)
     (merged / "usr").symlink_to("/real")
     assert container_lib_dirs(str(merged)) == (LIB, LIB32)
+
+
+def test_container_lib_dirs_retries_racing_lookup(tmp_path, monkeypatch):
+    """openat2(RESOLVE_IN_ROOT) answers EAGAIN when a '..' walk raced with a rename or
+    mount anywhere on the system; that is "try again", not "absent"."""
+    from libinject import native
+    deb = tmp_path / "deb"
+    (deb / "etc").mkdir(parents=True)
+    (deb / "etc/debian_version").write_text("12\n")
+    real = native.openat2
+    calls = []
+
+    def flaky(*a, **kw):
+        calls.append(a[1])
+        if len(calls) <= 2:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real(*a, **kw)
+    monkeypatch.setattr(native, "openat2", flaky)
+    assert container_lib_dirs(str(deb)) == (LIB, LIB32)
+    assert len(calls) == 3

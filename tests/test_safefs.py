@@ -503,7 +503,12 @@ def test_ldconfig_musl_path_file(rootfs, tmp_path):
     assert (rootfs / "etc/ld-musl-x86_64.path").read_text().split() == [
         "/lib", "/usr/local/lib", "/usr/lib", LIBDIR, "/usr/lib64"]
     assert not (rootfs / "etc/ld.so.cache").exists()
-    # an existing file is extended, a symlink to the host is replaced, not written
+    # an existing file is extended
+    (rootfs / "etc/ld-musl-x86_64.path").write_text("/lib:/opt/lib\n")
+    in_ns(_ldconfig, rootfs, [LIBDIR])
+    assert (rootfs / "etc/ld-musl-x86_64.path").read_text().split() == ["/lib", "/opt/lib", LIBDIR]
+    # a symlink (to the host, resolving inside the rootfs) is replaced, neither
+    # written through nor read: the new file starts from musl's default path
     host = tmp_path / "musl.path"
     host.write_text("/opt/lib\n")
     (rootfs / "etc/ld-musl-x86_64.path").unlink()
@@ -512,7 +517,8 @@ def test_ldconfig_musl_path_file(rootfs, tmp_path):
     (rootfs / str(host).lstrip("/")).write_text("/lib:/opt/lib\n")
     in_ns(_ldconfig, rootfs, [LIBDIR])
     assert host.read_text() == "/opt/lib\n"
-    assert (rootfs / "etc/ld-musl-x86_64.path").read_text().split() == ["/lib", "/opt/lib", LIBDIR]
+    assert (rootfs / "etc/ld-musl-x86_64.path").read_text().split() == [
+        "/lib", "/usr/local/lib", "/usr/lib", LIBDIR]
 
 
 def test_ldconfig_container_path(rootfs, tmp_path):
@@ -595,3 +601,187 @@ def test_limit_capabilities():
     want = (1 << 21) | (1 << 0)           # CAP_SYS_ADMIN, CAP_CHOWN
     assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == want
     assert caps["CapInh"] == 0
+
+
+# -- the sandbox's namespaces and mount flags (security review, finding 2) -----------
+def _sandbox_seen_from_outside(rootfs, marker):
+    """Run `sh` in the sandbox; from outside, find it by a marker in its command line
+    and read its namespaces and mount table while it runs."""
+    import threading
+    import time
+    seen = {}
+
+    def watch():
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and not seen:
+            for p in os.listdir("/proc"):
+                if not p.isdigit():
+                    continue
+                try:
+                    if marker.encode() not in open(f"/proc/{p}/cmdline", "rb").read():
+                        continue
+                    seen["ns"] = {n: os.readlink(f"/proc/{p}/ns/{n}") for n in ("pid", "net", "ipc", "mnt")}
+                    seen["mountinfo"] = open(f"/proc/{p}/mountinfo").read()
+                    seen["status"] = open(f"/proc/{p}/status").read()
+                except OSError:
+                    continue
+                break
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    out = _sandbox(rootfs, ["sh", "-c", f"sleep 1; : {marker}"], 10)
+    t.join()
+    mine = {n: os.readlink(f"/proc/self/ns/{n}") for n in ("pid", "net", "ipc", "mnt")}
+    return out, seen, mine
+
+
+def test_sandbox_own_namespaces_nodev_nosuid(rootfs):
+    marker = f"nvhook-marker-{os.urandom(4).hex()}"
+    out, seen, mine = in_ns(_sandbox_seen_from_outside, rootfs, marker)
+    assert out == "ok"
+    assert seen, "sandboxed process not found"
+    for n in ("pid", "net", "ipc", "mnt"):
+        assert seen["ns"][n] != mine[n], n
+    nspid = [ln for ln in seen["status"].splitlines() if ln.startswith("NSpid:")][0].split()
+    assert nspid[-1] == "1"                      # pid 1 of its own pid namespace
+    for line in seen["mountinfo"].splitlines():
+        opts = set(line.split()[5].split(","))
+        assert {"nodev", "nosuid"} <= opts, line
+    # and this process's children are in our pid namespace again
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_sandbox_cannot_signal_host_processes(rootfs):
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        out = in_ns(_sandbox, rootfs, ["sh", "-c", f"kill -9 {victim.pid} 2>/dev/null && exit 3; "
+                                       "test $$ = 1 || exit 4; exit 0"], 10)
+        assert out == "ok"
+        assert victim.poll() is None              # still alive
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_sandbox_cannot_open_image_device_nodes(rootfs):
+    os.mknod(rootfs / "etc/evildev", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    out = in_ns(_sandbox, rootfs, ["sh", "-c", "cat /etc/evildev"], 10)
+    assert "Permission denied" in out, out
+
+
+def test_ldconfig_include_of_device_node_not_opened(rootfs, tmp_path):
+    """The host's ldconfig follows the image's `include` (any path in the image): into
+    a char device it must fail with EACCES (nodev), never open the device."""
+    import sys
+    os.mknod(rootfs / "etc/evildev", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    conf = rootfs / "etc/ld.so.conf"
+    conf.write_text("include /etc/evildev\n" + (conf.read_text() if conf.exists() else ""))
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(native.__file__).resolve().parent.parent)!r})\n"
+        "from libinject import native, ldconfig\n"
+        "from libinject.safefs import RootFS\n"
+        "native.unshare(native.CLONE_NEWNS)\n"
+        "native.mount(None, '/', None, native.MS_REC | native.MS_PRIVATE)\n"
+        f"print(ldconfig.update(RootFS({str(rootfs)!r}), [{LIBDIR!r}]))\n")
+    log = tmp_path / "strace.log"
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(log),
+                        sys.executable, str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ldconfig"
+    opens = [ln for ln in log.read_text().splitlines() if "evildev" in ln]
+    assert opens, "ldconfig never looked at the include"
+    assert all("EACCES" in ln for ln in opens), opens
+
+
+def _ldconfig_umount_fails(rootfs, folders):
+    from libinject import ldconfig
+    real = ldconfig.native.umount2
+
+    def failing(target, flags=0):
+        if target != ".":               # the old root still detaches; nothing else does
+            raise OSError(errno.EBUSY, "busy", target)
+        return real(target, flags)
+    ldconfig.native.umount2 = failing
+    native.mount("proc", str(rootfs / "proc"), "proc", 0)
+    try:
+        return _ldconfig(rootfs, folders)
+    except NvhookError as e:
+        return str(e)
+
+
+def test_ldconfig_fails_closed_if_proc_stays(rootfs):
+    cache = rootfs / "etc/ld.so.cache"
+    before = cache.read_bytes() if cache.exists() else None
+    out = in_ns(_ldconfig_umount_fails, rootfs, [LIBDIR])
+    assert "cannot detach kernel filesystem at /proc" in out, out
+    assert (cache.read_bytes() if cache.exists() else None) == before   # ldconfig never ran
+
+
+# -- reading image files (security review, finding 3) --------------------------------
+def _read(rootfs, path, **kw):
+    try:
+        return _rootfs(rootfs).read_file(path, **kw)
+    except NvhookError as e:
+        return str(e)
+
+
+def test_read_file_never_opens_a_fifo(rootfs):
+    """A fifo (or a device node) of the image is refused without being open()ed: a
+    writer blocked in open() on the fifo would be released by any reader's open."""
+    import threading
+    fifo = rootfs / "etc/ld.so.conf.d/00-nvcr-evil.conf"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def writer():
+        fd = os.open(fifo, os.O_WRONLY)
+        opened.set()
+        os.close(fd)
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        assert "is a fifo, not a regular file" in in_ns(_read, rootfs, "/etc/ld.so.conf.d/00-nvcr-evil.conf")
+        assert not opened.wait(0.3)
+    finally:
+        if not opened.is_set():          # release the writer
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        t.join(5)
+    os.mknod(rootfs / "etc/evildev", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert "is a char device, not a regular file" in in_ns(_read, rootfs, "/etc/evildev")
+
+
+def _read_with_proc(rootfs, path):
+    native.mount("proc", str(rootfs / "proc"), "proc", 0)
+    return _read(rootfs, path)
+
+
+def test_read_file_refuses_procfs(rootfs):
+    (rootfs / "etc/ld-musl-x86_64.path").symlink_to("/proc/self/environ")
+    assert "on procfs/sysfs" in in_ns(_read_with_proc, rootfs, "/etc/ld-musl-x86_64.path")
+    assert "symlink" in in_ns(_read, rootfs, "/etc/ld-musl-x86_64.path", follow=False)
+
+
+def test_musl_symlinked_path_file_not_copied(rootfs):
+    """A musl image's .path is a symlink to a file only root may read (inside the
+    rootfs): its contents must not end up in a new 0644 file."""
+    (rootfs / "lib/ld-musl-x86_64.so.1").write_text("musl loader")
+    secret = rootfs / "etc/secret"
+    secret.write_text("/top-secret-dir\n")
+    os.chmod(secret, 0o600)
+    (rootfs / "etc/ld-musl-x86_64.path").symlink_to("/etc/secret")
+    assert in_ns(_ldconfig, rootfs, [LIBDIR]) == "musl"
+    new = rootfs / "etc/ld-musl-x86_64.path"
+    assert not new.is_symlink()
+    assert "top-secret" not in new.read_text()
+    assert secret.read_text() == "/top-secret-dir\n"
+
+
+def test_glibc_image_with_musl_path_symlink_is_not_musl(rootfs):
+    (rootfs / "etc/ld-musl-x86_64.path").symlink_to("/etc/hostname")
+    (rootfs / "etc/hostname").write_text("x\n")
+    assert in_ns(_ldconfig, rootfs, [LIBDIR]) == "ldconfig"
+    assert os.readlink(rootfs / "etc/ld-musl-x86_64.path") == "/etc/hostname"
+    assert "libc.so.6" in _cache(rootfs)
