@@ -32,7 +32,9 @@ _WATCH: list[str] | None = None  # computed once per process
 
 
 def _check_root(root: str) -> str:
-    root = os.path.abspath(root)
+    # The admin's root may be a symlink (/run/nvidia/driver often is); resolve it once
+    # here, since apply opens host sources without following any symlink.
+    root = os.path.realpath(root)
     try:
         os.listdir(root)
     except OSError as e:
@@ -51,11 +53,11 @@ def discover(root: str = "/", *, ldcache: str | None = None, dev_root: str | Non
 
     ldcache: cache path inside the root (default /etc/ld.so.cache); given explicitly,
     it must parse. dev_root: where dev/ and proc/ are read (default: root).
-    user: (uid, gid) NVML runs as; None = root without capabilities.
+    user: (uid, gid) NVML runs as; None = 65534:65534 (nobody), without capabilities.
     snapshot: reuse/write a snapshot under snapshot_dir (default /run/nvhook/snapshots)."""
     global _WATCH
     root = _check_root(root)
-    dev_root = os.path.abspath(dev_root) if dev_root else root
+    dev_root = os.path.realpath(dev_root) if dev_root else root
     cache = _join(root, ldcache or DEFAULT_LDCACHE)
     if not snapshot:
         return _discover(root, dev_root, cache, ldcache is not None, nvml_timeout, user)

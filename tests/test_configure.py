@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -334,3 +335,14 @@ def test_cli_request_defaults():
     assert r.capabilities == frozenset()  # no capability flag: no libraries or binaries
     assert r.ldconfig == "@/sbin/ldconfig" and r.cuda_compat_mode == "ldconfig"
     assert r.user is None and r.requirements == ()
+
+
+def test_driver_root_given_through_a_symlink(sim_host, rootfs, tmp_path):
+    """/run/nvidia/driver is often a symlink: it is resolved once at discovery, so the
+    applier (which follows no symlink in host source paths) still works."""
+    link = tmp_path / "driver-link"
+    link.symlink_to(sim_host("t4x1"))
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", NVHOOK, "--root", str(link),
+                        "configure", "--device", "0", "--utility", "--no-cgroups", str(rootfs)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
