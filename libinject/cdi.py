@@ -406,13 +406,9 @@ MAX_SPEC_BYTES = 64 << 20
 
 def load_file(path: str) -> dict[str, Any]:
     """A spec file (.json or .yaml; YAML is a superset of JSON) as a dict."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as e:
-        raise NvhookError(f"cannot read CDI spec {path}: {e.strerror}") from None
-    if len(data) > MAX_SPEC_BYTES:
-        raise NvhookError(f"CDI spec {path} is larger than {MAX_SPEC_BYTES} bytes")
+    from libinject.files import read_bounded
+
+    data = read_bounded(path, MAX_SPEC_BYTES, "CDI spec")
     try:
         if format_of(path, "yaml") == "json":
             obj = json.loads(data)

@@ -150,17 +150,13 @@ def config_path(explicit: str | None = None, environ: dict[str, str] | None = No
 def load(explicit: str | None = None, environ: dict[str, str] | None = None) -> Config:
     """The effective configuration; NvhookError for a missing explicit file or bad content."""
     path, required = config_path(explicit, environ)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
+    from libinject.files import read_bounded
+
+    data = read_bounded(path, MAX_CONFIG_BYTES, "config file", missing_ok=True)
+    if data is None:
         if required:
-            raise NvhookError(f"config file {path} not found") from None
+            raise NvhookError(f"config file {path} not found")
         return Config()
-    except OSError as e:
-        raise NvhookError(f"cannot read config file {path}: {e.strerror}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise NvhookError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
     return parse(data, path)
 
 

@@ -68,7 +68,7 @@ PRELOAD = (
     "argparse", "ctypes", "dataclasses", "errno", "glob", "grp", "json", "posixpath", "pwd",
     "re", "resource", "select", "signal", "stat", "struct", "subprocess", "time", "tomllib",
     "traceback", "pathlib", "prctl",
-    "libinject.native", "libinject.errors", "libinject.model", "libinject.request",
+    "libinject.native", "libinject.errors", "libinject.files", "libinject.model", "libinject.request",
     "libinject.edits", "libinject.config", "libinject.oci_state", "libinject.oci_request",
     "libinject.pipeline", "libinject.snapshot", "libinject.discover", "libinject.nvml",
     "libinject.ldcache", "libinject.libraries", "libinject.select", "libinject.require",

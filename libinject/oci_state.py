@@ -96,13 +96,9 @@ def bundle_dir(state: State, cwd: str | None = None) -> str:
 def load_config(bundle: str) -> dict[str, Any]:
     """<bundle>/config.json as a dict, at most MAX_CONFIG_BYTES."""
     path = os.path.join(bundle, "config.json")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise NvhookError(f"cannot read OCI spec {path}: {e.strerror}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise NvhookError(f"OCI spec {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    from libinject.files import read_bounded
+
+    data = read_bounded(path, MAX_CONFIG_BYTES, "OCI spec")
     try:
         spec = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
