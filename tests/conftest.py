@@ -13,6 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NVHOOK = str(REPO / ".venv/bin/nvhook")
+# The reference specs (CDI, OCI, OCI hooks) in shared/ beside the checkout, as CI has it;
+# a clone elsewhere on a developer's machine falls back to the workplace's copy.
+SPECS = next((p for p in (REPO.parent / "shared/specs", Path("/work/shared/specs"))
+              if p.is_dir()), REPO.parent / "shared/specs")
 
 
 @pytest.fixture(scope="session")

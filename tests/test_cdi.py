@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import NVHOOK, REPO, run
+from conftest import NVHOOK, REPO, SPECS, run
 
-SHARED_CDI = REPO.parent / "shared" / "specs" / "cdi"
+SHARED_CDI = SPECS / "cdi"
 PROFILES = ["a100x8", "h100x8-mig", "rtx4090x1", "t4x1"]
 
 

@@ -10,13 +10,10 @@ from jsonschema import Draft7Validator
 
 from libinject import hookinstall
 from libinject.errors import NvhookError
+from conftest import NVHOOK, REPO, SPECS
 from support import hookenv
 
-REPO = hookenv.REPO
-NVHOOK = str(REPO / ".venv/bin/nvhook")
-# the shared specs next to the checkout, else where the team keeps them
-SCHEMA = next(p for p in (REPO.parent / "shared/specs/oci-hooks/hooks-1.0.0.schema.json",
-                          Path("/work/shared/specs/oci-hooks/hooks-1.0.0.schema.json")) if p.exists())
+SCHEMA = SPECS / "oci-hooks/hooks-1.0.0.schema.json"
 
 
 def validate(doc) -> None:

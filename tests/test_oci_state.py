@@ -14,9 +14,9 @@ from referencing.jsonschema import DRAFT4
 from libinject import oci_state
 from libinject.errors import NvhookError
 
-SPECS = Path(__file__).resolve().parents[2] / "shared/specs/oci"
-if not SPECS.is_dir():
-    SPECS = Path("/work/shared/specs/oci")
+from conftest import SPECS as _ALL_SPECS
+
+SPECS = _ALL_SPECS / "oci"
 
 B = "/run/containerd/bundle"
 # RUNTIMES.md, "Hook state on stdin, by runtime"
