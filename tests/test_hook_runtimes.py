@@ -9,7 +9,6 @@ create with nvhook's message.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,7 @@ def host(sim_host) -> Path:
 
 @pytest.fixture(scope="module")
 def gpu_uuids(host) -> list[str]:
-    out = subprocess.run(["chroot", str(host), "/usr/bin/nvidia-smi", "-L"], capture_output=True,
-                         text=True, check=True).stdout
-    return re.findall(r"UUID: (GPU-[0-9a-f-]+)", out)
+    return hookenv.gpu_uuids(host)
 
 
 @pytest.fixture

@@ -42,6 +42,15 @@ def ensure_front() -> str:
     return str(FRONT)
 
 
+def gpu_uuids(host: Path) -> list[str]:
+    """The simulated host's GPU UUIDs, in index order, as its own nvidia-smi -L prints them."""
+    import re
+
+    out = subprocess.run(["chroot", str(host), "/usr/bin/nvidia-smi", "-L"], capture_output=True,
+                         text=True, check=True).stdout
+    return re.findall(r"UUID: (GPU-[0-9a-f-]+)", out)
+
+
 def write_config(path: Path, host: Path, *, log: Path | None = None, extra: str = "",
                  top: str = "") -> Path:
     """config.toml whose driver root is the simulated host."""
