@@ -4,8 +4,6 @@ Everything runs for real, as root. Fixtures clean up what they make.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
