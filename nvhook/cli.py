@@ -10,9 +10,13 @@ and keeps heavy imports inside run().
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 # name -> module; the hook stages share one module.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,6 +40,8 @@ _VALUED = {"--root", "--ldcache", "--user", "--debug", "--config"}
 
 
 def _global_parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(
         prog="nvhook",
         description="GPU container toolkit: OCI hook, injection, CDI, simulated GPU hosts.",
@@ -63,8 +69,37 @@ def _find_command(argv: list[str]) -> str | None:
     return None
 
 
+HOOK_STAGES = ("prestart", "createContainer", "poststart", "poststop")
+
+
+def _hook_args(argv: list[str]) -> SimpleNamespace | None:
+    """A hook stage as runtimes call it (`[--config F] [--debug F] ... prestart`), parsed
+    without argparse: importing and building it is ~15 ms of the exec'd hook's start-up.
+    Anything else (--opt=value, -h, a typo) gives None, and argparse parses and reports."""
+    ns = SimpleNamespace(root=None, ldcache=None, user=None, debug=None, load_kmods=False,
+                         config=None, command=None)
+    i = 0
+    while i < len(argv) - 1:
+        a = argv[i]
+        if a in _VALUED and not argv[i + 1].startswith("-"):
+            setattr(ns, a[2:].replace("-", "_"), argv[i + 1])
+            i += 2
+        elif a == "--load-kmods":
+            ns.load_kmods = True
+            i += 1
+        else:
+            return None
+    if i != len(argv) - 1 or argv[i] not in HOOK_STAGES:
+        return None
+    ns.command = argv[i]
+    return ns
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    hook = _hook_args(argv) if argv and argv[-1] in HOOK_STAGES else None
+    if hook is not None:
+        return _run_guarded(importlib.import_module(COMMANDS[hook.command][0]).run, hook)
     name = _find_command(argv)
     parser = _global_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

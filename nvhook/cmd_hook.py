@@ -16,9 +16,12 @@ runtime's create fails with it.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 NOOP_STAGES = ("poststart", "poststop")
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40}
