@@ -35,21 +35,17 @@ import gc
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benchlib import stats as _stats
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 ALL_CAPS = frozenset({"utility", "compute", "video", "graphics", "display", "ngx", "compat32"})
 
-
-def _stats(xs: list[float]) -> tuple[float, float]:
-    s = sorted(xs)
-    return statistics.median(s), s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
 def _private_ns() -> None:

@@ -15,12 +15,11 @@ Usage: python bench/bench_cdi.py [N]   (default N=10; BENCH_N also works)
 from __future__ import annotations
 
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benchlib import stats as _stats, timed as _timed
 
 REPO = Path(__file__).resolve().parent.parent
 NVHOOK = str(REPO / ".venv/bin/nvhook")
@@ -28,18 +27,6 @@ PY = str(REPO / ".venv/bin/python")
 PROFILES = ("a100x8", "h100x8-mig")
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env)
-    dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(argv)}\n{r.stderr}")
-    return dt
-
-
-def _stats(xs: list[float]) -> tuple[float, float]:
-    s = sorted(xs)
-    return statistics.median(s), s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
 def _fmt(name: str, xs: list[float], base: float | None = None) -> str:

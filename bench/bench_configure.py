@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from benchlib import stats as _stats, timed as _timed
 
 REPO = Path(__file__).resolve().parent.parent
 NVHOOK = str(REPO / ".venv/bin/nvhook")
@@ -31,19 +30,6 @@ PY = str(REPO / ".venv/bin/python")
 CAPS = ("--utility", "--compute", "--video", "--graphics", "--display", "--ngx", "--compat32")
 
 
-def _timed(argv: list[str]) -> float:
-    t0 = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(argv)}\n{r.stderr}")
-    return dt
-
-
-def _stats(xs: list[float]) -> tuple[float, float]:
-    s = sorted(xs)
-    p90 = s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
-    return statistics.median(s), p90
 
 
 def main() -> int:

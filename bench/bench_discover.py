@@ -11,20 +11,16 @@ Usage: python bench/bench_discover.py [N] [PROFILE]   (default N=20, a100x8; BEN
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benchlib import stats as _stats
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def _stats(xs: list[float]) -> tuple[float, float]:
-    s = sorted(xs)
-    return statistics.median(s), s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
 def main() -> int:

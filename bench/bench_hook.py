@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from benchlib import stats as _stats
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -82,10 +82,6 @@ def _serve(cfg: Path, sock: Path, log: Path) -> subprocess.Popen:
     return proc
 
 
-def _p90(xs: list[float]) -> float:
-    return sorted(xs)[max(0, int(round(0.9 * len(xs))) - 1)]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
@@ -132,13 +128,12 @@ def main() -> int:
                     return 1
                 times[name].append(ms)
 
-        base = statistics.median(times["no hook"])
-        base90 = _p90(times["no hook"])
+        base, base90 = _stats(times["no hook"])
         print(f"runc run, {opts.runs} runs each (ms): median / p90 of the whole run; added = minus 'no hook'")
         print(f"  {'no hook':32s} {base:7.1f} / {base90:6.1f}")
         ok = True
         for name in list(cases)[1:]:
-            med, p90 = statistics.median(times[name]), _p90(times[name])
+            med, p90 = _stats(times[name])
             added, added90 = med - base, p90 - base90
             ref = NVIDIA_MS[name.removesuffix(SERVED)]
             target = ref if name == "no GPU" else ref / 2
@@ -156,7 +151,8 @@ def main() -> int:
             t = time.perf_counter()
             subprocess.run([hook["path"], "--config", str(cfg), "prestart"], input=st, check=True, env={})
             front.append((time.perf_counter() - t) * 1000)
-        print(f"  hook process alone, no GPU: median {statistics.median(front):.2f} ms, p90 {_p90(front):.2f} ms")
+        fmed, f90 = _stats(front)
+        print(f"  hook process alone, no GPU: median {fmed:.2f} ms, p90 {f90:.2f} ms")
 
         # 20 GPU containers at once, each with its own rootfs (as image layers would give them;
         # one shared rootfs would have 20 ldconfigs renaming the same ld.so.cache).

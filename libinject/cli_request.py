@@ -7,7 +7,6 @@ libraries or binaries); --require repeatable; @PATH for --ldconfig = a host path
 from __future__ import annotations
 
 import argparse
-from typing import Mapping
 
 from libinject.errors import NvhookError
 from libinject.request import Request
@@ -15,8 +14,6 @@ from libinject.request import Request
 CAPABILITY_FLAGS = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 COMPAT_MODES = ("mount", "ldconfig", "disabled")
 DEFAULT_LDCONFIG = "@/sbin/ldconfig"
-# The only host env configure takes into the plan (upstream reads it with getenv()).
-ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY",)
 
 
 def _join(values: list[str] | None) -> str | None:
@@ -58,7 +55,7 @@ def check_pid(pid: str | int | None) -> int | None:
     return n
 
 
-def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Request:
+def build(args: argparse.Namespace) -> Request:
     """The Request a configure command line asks for."""
     caps = frozenset(c for c in CAPABILITY_FLAGS if getattr(args, c.replace("-", "_"), False))
     mode = getattr(args, "cuda_compat_mode", None) or "ldconfig"
@@ -82,5 +79,4 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Req
         cuda_compat_mode=mode,
         ldconfig=ldconfig,
         user=parse_user(getattr(args, "user", None)),
-        env={k: v for k, v in (env or {}).items() if k in ENV_KEYS},
     )

@@ -110,7 +110,6 @@ def request_from_spec(spec: dict[str, Any], config, log=None) -> Request | None:
         no_cgroups=config.cli.no_cgroups,
         cuda_compat_mode=config.runtime.modes.legacy.cuda_compat_mode,
         ldconfig=config.cli.ldconfig,
-        env=env,
     )
 
 

@@ -5,7 +5,7 @@ the CLI); consumed by the planner.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -25,4 +25,3 @@ class Request:
     cuda_compat_mode: str = "ldconfig"  # "mount" | "ldconfig" | "disabled"
     ldconfig: str = "@/sbin/ldconfig"   # "@PATH" = host path; otherwise a path inside the container
     user: tuple[int, int] | None = None # uid, gid for discovery
-    env: dict[str, str] = field(default_factory=dict)  # container env: informational, never chooses a host path

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     rootfs = cli_request.check_rootfs(args.rootfs)
     pid = cli_request.check_pid(args.pid)
-    request = cli_request.build(args, os.environ)
+    request = cli_request.build(args)
     if not os.path.isdir(rootfs):
         from libinject.errors import NvhookError
 

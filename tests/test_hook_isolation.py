@@ -28,6 +28,12 @@ __attribute__((constructor)) static void canary(void) {
 
 @pytest.fixture
 def canary(tmp_path) -> dict[str, Path]:
+    return make_canary(tmp_path)
+
+
+def make_canary(tmp_path: Path) -> dict[str, Path]:
+    """A preload library and Python start-up files that each write to a host-only file
+    when they run: if that file exists, container input reached the hook."""
     d = tmp_path / "host-only"
     d.mkdir()
     out = d / "canary"

@@ -404,20 +404,10 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
 
 
 def test_container_env_reaches_neither_server_nor_worker(tmp_path, hook_config, server):
-    from test_hook_isolation import CANARY_C, _evil_env, _plant
+    from test_hook_isolation import _evil_env, _plant, make_canary
 
-    d = tmp_path / "host-only"
-    d.mkdir()
-    out = d / "canary"
-    src = tmp_path / "canary.c"
-    src.write_text(CANARY_C)
-    lib = tmp_path / "canary.so"
-    subprocess.run(["cc", "-shared", "-fPIC", f'-DCANARY_PATH="{out}"', "-o", str(lib), str(src)], check=True)
-    pydir = tmp_path / "pyevil"
-    pydir.mkdir()
-    (pydir / "sitecustomize.py").write_text(f"open({str(out)!r}, 'a').write('sitecustomize\\n')\n")
-    (pydir / "startup.py").write_text(f"open({str(out)!r}, 'a').write('startup\\n')\n")
-    canary = {"out": out, "lib": lib, "pydir": pydir}
+    canary = make_canary(tmp_path)
+    out, lib, pydir = canary["out"], canary["lib"], canary["pydir"]
 
     hook_env = [f"LD_PRELOAD={lib}", f"PYTHONPATH={pydir}", "PYTHONHOME=/nonexistent",
                 f"NVHOOK_CONFIG={hook_config}", "XDG_CONFIG_HOME=/nonexistent"]

@@ -249,9 +249,8 @@ def test_privileged_detection():
 def test_options_from_config():
     c = cfg('[nvidia-container-cli]\nno-cgroups = true\nldconfig = "/sbin/ldconfig"\n'
             '[nvidia-container-runtime.modes.legacy]\ncuda-compat-mode = "mount"\n')
-    r = req("NVIDIA_VISIBLE_DEVICES=0", "CUDA_MPS_PIPE_DIRECTORY=/mps", config=c)
+    r = req("NVIDIA_VISIBLE_DEVICES=0", config=c)
     assert r.no_cgroups is True and r.ldconfig == "/sbin/ldconfig" and r.cuda_compat_mode == "mount"
-    assert r.env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps"
     d = req("NVIDIA_VISIBLE_DEVICES=0")
     assert d.no_cgroups is False and d.ldconfig == "@/sbin/ldconfig" and d.cuda_compat_mode == "ldconfig"
 

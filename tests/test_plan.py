@@ -221,12 +221,21 @@ def test_no_flags(driver):
 
 def test_container_env_never_picks_a_host_dir(driver):
     """An image's CUDA_MPS_PIPE_DIRECTORY must not choose what gets mounted from the host
-    (a container asking for /etc would get the host's /etc read-write)."""
+    (a container asking for /etc would get the host's /etc read-write): through the hook's
+    own request builder, the plan is the same whatever the image sets."""
+    from libinject.config import Config
+    from libinject.oci_request import request_from_spec
+
     root = Path(driver.root)
     (root / "etc").mkdir(exist_ok=True)
+
+    def planned(*env: str):
+        spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", *env]}}
+        return plan(request_from_spec(spec, Config()), driver)
+
     for asked in ("/etc", "/", "/nope"):
-        e = plan(req(env={"CUDA_MPS_PIPE_DIRECTORY": asked}), driver)
-        assert cpaths(e, "ipc") == cpaths(plan(req(), driver), "ipc")
+        e = planned(f"CUDA_MPS_PIPE_DIRECTORY={asked}")
+        assert cpaths(e, "ipc") == cpaths(planned(), "ipc")
         assert all(m.host_path.startswith(str(root) + "/") and m.host_path != str(root / "etc")
                    for m in e.mounts if m.kind == "ipc")
 
