@@ -38,4 +38,4 @@ bench: venv
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info libinject/_native*.so libinject/_native.c
+	rm -rf $(VENV) build *.egg-info libinject/linux/_native*.so libinject/linux/_native.c

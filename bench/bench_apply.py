@@ -1,4 +1,4 @@
-"""Benchmark: libinject.apply_live.apply() alone (no discovery, no planning, no CLI
+"""Benchmark: libinject.apply.live.apply() alone (no discovery, no planning, no CLI
 start-up), per phase, on a simulated a100x8 host.
 
 Two plans, made once (outside the timed region) with discover() + plan():
@@ -49,7 +49,7 @@ ALL_CAPS = frozenset({"utility", "compute", "video", "graphics", "display", "ngx
 
 
 def _private_ns() -> None:
-    from libinject import native
+    from libinject.linux import native
     native.unshare(native.CLONE_NEWNS)
     native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
 
@@ -84,7 +84,7 @@ class Container:
     def _self_apply(self) -> bytes:  # pragma: no cover - child
         import json
 
-        from libinject import apply_live
+        from libinject.apply import live as apply_live
         marks: list[tuple[str, float]] = []
         apply_live.trace = lambda p, t: marks.append((p, t))
         gc.collect()
@@ -143,7 +143,7 @@ def _pid_sample_oneshot(edits, rootfs: str, pid: int) -> dict:
 
 
 def _pid_sample(edits, rootfs: str, pid: int, worker: bool = True) -> dict:
-    from libinject import apply_live
+    from libinject.apply import live as apply_live
     marks: list[tuple[str, float]] = []
     apply_live.trace = lambda p, t: marks.append((p, t))
     gc.collect()
@@ -182,7 +182,7 @@ def _fork_wait() -> float:
 
 
 def _fork_setns_bind(pid: int, src: str, target: str) -> float:
-    from libinject import native
+    from libinject.linux import native
     t0 = time.perf_counter()
     child = os.fork()
     if child == 0:  # pragma: no cover
@@ -244,9 +244,9 @@ def main() -> int:
     if args.impl:
         sys.path.insert(0, args.impl)
 
-    from libinject.discover import discover
-    from libinject.plan import container_lib_dirs, plan
-    from libinject.request import Request
+    from libinject.discover.driver import discover
+    from libinject.plan.planner import container_lib_dirs, plan
+    from libinject.request.model import Request
     from libinject.sim.build import create_host
     from libinject.sim.rootfs import build_rootfs
 
@@ -267,7 +267,7 @@ def main() -> int:
         modes = [(m, w) for m in (("pid", "self") if args.mode == "both" else (args.mode,))
                  for w in ((True, False) if args.apply == "both" else (args.apply == "worker",))]
         import inspect
-        from libinject import apply_live
+        from libinject.apply import live as apply_live
         if "worker" not in inspect.signature(apply_live.apply).parameters:
             modes = [(m, w) for m, w in modes if w]      # an older applier: worker only
         gc.collect()

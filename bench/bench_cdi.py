@@ -6,8 +6,8 @@ Per profile, interleaved in the same run (N samples each, median and p90):
   info       `nvhook --root HOST info --json`: the same start-up and discovery, no
              planning or writing -- the baseline; the ratio is what generation adds
   startup    `python -I -c "import nvhook.cli"`: interpreter + CLI import, for scale
-and in-process (no start-up, discovery done once): libinject.cdi.generate() against
-one libinject.plan.plan() of "all" -- the per-device planning cost.
+and in-process (no start-up, discovery done once): libinject.apply.cdi.generate() against
+one libinject.plan.planner.plan() of "all" -- the per-device planning cost.
 Discovery uses the default snapshot setting ([nvhook] snapshot = true), as users run it.
 
 Usage: python bench/bench_cdi.py [N]   (default N=10; BENCH_N also works)
@@ -38,10 +38,10 @@ def _fmt(name: str, xs: list[float], base: float | None = None) -> str:
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("BENCH_N", "10"))
     sys.path.insert(0, str(REPO))
-    from libinject import cdi
-    from libinject import plan as P
-    from libinject.discover import discover
-    from libinject.request import Request
+    from libinject.apply import cdi
+    from libinject.plan import planner as P
+    from libinject.discover.driver import discover
+    from libinject.request.model import Request
     from libinject.sim.build import create_host
 
     with tempfile.TemporaryDirectory(prefix="bench-cdi-") as tmp:

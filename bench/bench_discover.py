@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 
 def main() -> int:
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
     from libinject.sim.build import create_host
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("BENCH_N", "20"))

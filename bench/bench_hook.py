@@ -8,7 +8,7 @@ ratio to NVIDIA's stack measured on this machine kind (hook + nvidia-container-c
 Then 20 containers with 1 GPU started in parallel: all must succeed.
 
 The GPU cases run twice: exec'd (the front execs Python; NVHOOK_SOCKET=none) and served
-(the front hands them to a warm `nvhook serve`, libinject/hookserver.py, started here on
+(the front hands them to a warm `nvhook serve`, libinject/runtime/service.py, started here on
 a private socket); the parallel case too.
 
     .venv/bin/python bench/bench_hook.py [--runs N] [--no-serve]

@@ -8,7 +8,7 @@ HERE = Path(__file__).resolve().parent
 ffibuilder = FFI()
 ffibuilder.cdef((HERE / "native.h").read_text())
 ffibuilder.set_source(
-    "libinject._native",
+    "libinject.linux._native",
     (HERE / "native.c").read_text(),
     include_dirs=[str(HERE)],
 )

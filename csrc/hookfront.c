@@ -21,7 +21,7 @@
  * the hook's env, the runtime's trusted hook entry; default NVHOOK_SOCKET_DEFAULT; "none"
  * turns it off): the front sends its argv, the two env entries Python would honour and
  * fds (state memfd, stdout, stderr, cwd, root), then exits with the status the server
- * sends (protocol: libinject/hookserver.py). No server, or one that does not take the
+ * sends (protocol: libinject/runtime/service.py). No server, or one that does not take the
  * request: exec Python as before. Once the server has taken it ("A"), there is no
  * falling back (the container may be partly configured): its status is final.
  *
@@ -52,10 +52,10 @@
 #define NVHOOK_SOCKET_DEFAULT "/run/nvhook/hook.sock"   /* as [nvhook] socket's default */
 #endif
 
-#define MAX_STATE (1 << 20)     /* as libinject.oci_state.MAX_STATE_BYTES */
-#define MAX_REQUEST (64 << 10)  /* as libinject.hookserver.MAX_REQUEST */
+#define MAX_STATE (1 << 20)     /* as libinject.request.oci_state.MAX_STATE_BYTES */
+#define MAX_REQUEST (64 << 10)  /* as libinject.runtime.service.MAX_REQUEST */
 #define SERVE_WAIT_S 5          /* a wedged server costs a container this, then we exec */
-#define MAX_SPEC (16 << 20)     /* as libinject.oci_state.MAX_CONFIG_BYTES */
+#define MAX_SPEC (16 << 20)     /* as libinject.request.oci_state.MAX_CONFIG_BYTES */
 #define MAX_CONF (1 << 20)
 
 static const char *const TRIGGERS[] = {

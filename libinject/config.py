@@ -150,7 +150,7 @@ def config_path(explicit: str | None = None, environ: dict[str, str] | None = No
 def load(explicit: str | None = None, environ: dict[str, str] | None = None) -> Config:
     """The effective configuration; NvhookError for a missing explicit file or bad content."""
     path, required = config_path(explicit, environ)
-    from libinject.files import read_bounded
+    from libinject.linux.files import read_bounded
 
     data = read_bounded(path, MAX_CONFIG_BYTES, "config file", missing_ok=True)
     if data is None:

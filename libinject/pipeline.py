@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from libinject.edits import ContainerEdits
-from libinject.request import Request
+from libinject.plan.edits import ContainerEdits
+from libinject.request.model import Request
 
 if TYPE_CHECKING:
-    from libinject.model import Driver
+    from libinject.discover.model import Driver
 
 
 def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/",
@@ -22,13 +22,13 @@ def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/"
     """Discover the driver under root, plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
-    discover_fn: stands in for libinject.discover.discover (same signature), e.g. the
-    hook server's in-memory cache (libinject.hookserver).
+    discover_fn: stands in for libinject.discover.driver.discover (same signature), e.g. the
+    hook server's in-memory cache (libinject.runtime.service).
     in_process: apply in this process instead of a forked worker (one fork less on the
     hook's path); only for one-shot processes, since it limits this process's
     capabilities for good."""
-    from libinject.discover import discover
-    from libinject.plan import container_lib_dirs, plan
+    from libinject.discover.driver import discover
+    from libinject.plan.planner import container_lib_dirs, plan
 
     say = log or (lambda msg: None)
     driver = (discover_fn or discover)(root or "/", ldcache=ldcache or None,
@@ -44,7 +44,7 @@ def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/"
         f"{len(edits.cgroup_rules)} cgroup rules, lib dir {lib_dir}")
     if dry_run:
         return edits
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
 
     apply(edits, rootfs, pid=pid, ldconfig=request.ldconfig, no_cgroups=request.no_cgroups,
           worker=not in_process)

@@ -1,11 +1,11 @@
 """nvhook cdi generate | list | validate.
 
 generate: discover the driver once, plan every GPU / MIG device (and "all") with the
-same planner as the hook, and write the CDI spec (libinject.cdi); atomically to
+same planner as the hook, and write the CDI spec (libinject.apply.cdi); atomically to
 --output, or to stdout.
 list: the qualified device names the spec dirs offer, resolved as the CDI cache does
 (later dir wins; the same device twice in one dir is a conflict: reported, dropped).
-validate: the official schema plus what it misses (libinject.cdi_validate).
+validate: the official schema plus what it misses (libinject.apply.cdi_validate).
 """
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from libinject import cdi, config
-    from libinject.discover import discover
+    from libinject.apply import cdi
+    from libinject import config
+    from libinject.discover.driver import discover
     from libinject.errors import NvhookError
 
     cfg = config.load(args.config)
@@ -81,7 +82,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from libinject import cdi, cdi_validate
+    from libinject.apply import cdi
+    from libinject.apply import cdi_validate
 
     dirs = args.spec_dir or list(cdi.DEFAULT_SPEC_DIRS)
     reg = cdi.scan(dirs, validate=lambda spec, path: cdi_validate.validate(spec))
@@ -93,7 +95,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from libinject import cdi_validate
+    from libinject.apply import cdi_validate
 
     bad = 0
     for path in args.files:

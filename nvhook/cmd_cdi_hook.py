@@ -4,8 +4,8 @@
 hooks with an explicit env. The runtime runs them with the container's state on stdin,
 in the container's mount namespace before pivot_root, so the rootfs (root.path of
 <bundle>/config.json) is reachable by path. Every change goes through
-libinject.apply_live with pid=None (the rootfs is in our mount namespace): container
-paths resolved inside the rootfs by libinject.safefs, ldconfig in libinject.ldconfig's
+libinject.apply.live with pid=None (the rootfs is in our mount namespace): container
+paths resolved inside the rootfs by libinject.apply.rootfs, ldconfig in libinject.apply.ldconfig's
 sandbox, all or nothing; the same code the hook and `configure` use.
 
 - create-symlinks --link TARGET::LINK ...: symlinks in the container (LINK -> TARGET).
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def _rootfs(args: argparse.Namespace, cwd: str | None) -> tuple[str, dict]:
-    from libinject import oci_state
+    from libinject.request import oci_state
 
     if args.rootfs:
         return os.path.abspath(args.rootfs), {}
@@ -56,7 +56,7 @@ def _rootfs(args: argparse.Namespace, cwd: str | None) -> tuple[str, dict]:
 
 
 def parse_links(values: list[str]):
-    from libinject.edits import SymlinkEdit
+    from libinject.plan.edits import SymlinkEdit
     from libinject.errors import NvhookError
 
     out = []
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError:
         cwd = None
     os.chdir("/")   # never work relative to a directory the container controls
-    from libinject.apply_live import apply
-    from libinject.edits import ContainerEdits
+    from libinject.apply.live import apply
+    from libinject.plan.edits import ContainerEdits
     from libinject.errors import NvhookError
 
     if args.hook == "create-symlinks":
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
 def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     """ContainerEdits masking /proc/driver/nvidia for the devices in spec's
     linux.devices; None when the host has no such procfs dir."""
-    from libinject import plan as _plan
-    from libinject import procfs
-    from libinject.edits import ContainerEdits, ProcfsEdit
+    from libinject.plan import planner as _plan
+    from libinject.plan import procfs
+    from libinject.plan.edits import ContainerEdits, ProcfsEdit
 
     if not os.path.isdir(procfs_dir):
         return None

@@ -1,6 +1,6 @@
 """nvhook configure: nvidia-container-cli configure's replacement.
 
-flags -> Request (libinject.cli_request) -> libinject.pipeline.configure (discover,
+flags -> Request (libinject.request.cli_flags) -> libinject.pipeline.configure (discover,
 plan, apply_live; the same pipeline as the hook). Heavy imports stay inside run().
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _debug(path: str | None, msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from libinject import cli_request
+    from libinject.request import cli_flags as cli_request
 
     rootfs = cli_request.check_rootfs(args.rootfs)
     pid = cli_request.check_pid(args.pid)
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps(edits.to_dict(), indent=2))
     elif args.dry_run:
-        from libinject.plan import describe
+        from libinject.plan.planner import describe
 
         print(describe(edits))
     return 0

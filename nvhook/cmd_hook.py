@@ -3,7 +3,7 @@
 The runtime runs it (normally through csrc/hookfront.c, which skips Python entirely for
 containers that cannot want a GPU) with the container state on stdin:
 
-  state -> <bundle>/config.json -> Request (libinject.oci_request, pure)
+  state -> <bundle>/config.json -> Request (libinject.request.oci_spec, pure)
         -> libinject.pipeline.configure (discover, plan, apply_live) with the container pid.
 
 Isolation (CVE-2025-23266): the front starts `python -I` with an explicit environment;
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError):
             pass
         return 0
-    from libinject.oci_state import MAX_STATE_BYTES
+    from libinject.request.oci_state import MAX_STATE_BYTES
 
     try:
         data = sys.stdin.buffer.read(MAX_STATE_BYTES + 1)
@@ -103,7 +103,7 @@ def handle(stage: str, state: bytes, args: argparse.Namespace, *, cwd: str | Non
            environ: dict[str, str] | None = None, own_pid: int | None = None,
            discover=None) -> int:
     """The hook's whole job for one container, for both paths: the exec'd Python (run)
-    and a `nvhook serve` worker (libinject.hookserver). Errors: one line on stderr
+    and a `nvhook serve` worker (libinject.runtime.service). Errors: one line on stderr
     ("nvhook: ..."), exit status 1.
 
     state: the state JSON as read from stdin (at most MAX_STATE_BYTES + 1 bytes);
@@ -111,7 +111,7 @@ def handle(stage: str, state: bytes, args: argparse.Namespace, *, cwd: str | Non
     (a relative bundle is taken from there); environ: where the config is looked up
     (default os.environ); own_pid: the hook process's pid as /proc counts it (the
     createContainer stage stands it in for the container; default: /proc/self);
-    discover: libinject.discover.discover or a stand-in (the server's cache)."""
+    discover: libinject.discover.driver.discover or a stand-in (the server's cache)."""
     from libinject.errors import NvhookError
 
     try:
@@ -124,9 +124,9 @@ def handle(stage: str, state: bytes, args: argparse.Namespace, *, cwd: str | Non
 
 def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
     from libinject import config as config_mod
-    from libinject import oci_state
+    from libinject.request import oci_state
     from libinject.errors import NvhookError
-    from libinject.oci_request import request_from_spec
+    from libinject.request.oci_spec import request_from_spec
 
     log = HookLog(args.debug or "", "debug")
     try:
@@ -158,7 +158,7 @@ def _configure(stage, state, spec, bundle, request, cfg, log: HookLog, own_pid=N
                discover=None) -> int:
     from dataclasses import replace
 
-    from libinject import oci_state
+    from libinject.request import oci_state
     from libinject.pipeline import configure
 
     if stage == "createContainer" and own_pid is not None:

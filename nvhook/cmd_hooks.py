@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from libinject import hookinstall
+    from libinject.runtime import hooksd as hookinstall
 
     variant = "annotation" if args.annotation else "always"
     config = args.hook_config or args.config   # `nvhook --config X hooks ...`: the hook reads X

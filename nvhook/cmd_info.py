@@ -13,8 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def driver_from_args(args: argparse.Namespace):
     """discover() with the global options, falling back to the config file."""
     from libinject import config as C
-    from libinject.cli_request import parse_user
-    from libinject.discover import discover
+    from libinject.request.cli_flags import parse_user
+    from libinject.discover.driver import discover
 
     cfg = C.load(getattr(args, "config", None))
     cli, nv = cfg.cli, cfg.nvhook

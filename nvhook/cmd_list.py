@@ -35,9 +35,9 @@ def _join(values: list[str] | None) -> str | None:
 
 def items(driver, args: argparse.Namespace) -> list[dict]:
     """What `list` shows, in order: dicts with kind, path (inside the root), host_path."""
-    from libinject import libraries as L
-    from libinject import select as S
-    from libinject.discover import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
+    from libinject.discover import libraries as L
+    from libinject.plan import select as S
+    from libinject.discover.driver import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
 
     devices, mig_config, mig_monitor = _join(args.device), _join(args.mig_config), _join(args.mig_monitor)
     imex = _join(args.imex_channel)

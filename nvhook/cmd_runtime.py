@@ -2,7 +2,7 @@
 
 Takes runc's own arguments unparsed (RAW): every command is exec'd on the low-level
 runtime unchanged, `create` after rewriting the bundle's config.json for the mode in
-config.toml (libinject.shim). Config from $NVHOOK_CONFIG or the default path.
+config.toml (libinject.runtime.shim). Config from $NVHOOK_CONFIG or the default path.
 """
 from __future__ import annotations
 
@@ -10,6 +10,6 @@ RAW = True
 
 
 def run_raw(argv: list[str]) -> int:
-    from libinject import shim
+    from libinject.runtime import shim
 
     return shim.main(argv)

@@ -1,4 +1,4 @@
-"""nvhook serve: the warm hook service (libinject.hookserver).
+"""nvhook serve: the warm hook service (libinject.runtime.service).
 
 The compiled hook front (csrc/hookfront.c) hands GPU containers to it over a unix
 socket and execs Python itself when nothing listens there, so running it is optional:
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     _std_fds_open()
     from libinject import config as config_mod
     from libinject.errors import NvhookError
-    from libinject.hookserver import Server
+    from libinject.runtime.service import Server
 
     cfg = config_mod.load(args.config)
     path = args.socket or cfg.nvhook.socket

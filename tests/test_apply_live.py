@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from libinject.edits import CudaCompatEdit, DeviceEdit, MountEdit
+from libinject.plan.edits import CudaCompatEdit, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
 from test_safefs import (HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
                          snapshot)
@@ -31,7 +31,7 @@ def _planned(edits) -> list[str]:
 
 
 def _apply_and_look(rootfs, edits, **kw):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     before = mountinfo()
     t = time.monotonic()
     returned = apply(edits, str(rootfs), **kw)
@@ -94,7 +94,7 @@ def test_apply_standalone_exact_mounts(rootfs, tmp_path, worker, no_leaked_mount
 
 
 def _apply_expect_error(rootfs, edits, **kw):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     before = mountinfo()
     try:
         apply(edits, str(rootfs), **kw)
@@ -175,7 +175,7 @@ def container(rootfs, tmp_path):
 
 
 def test_apply_into_other_namespace(rootfs, tmp_path, container, no_leaked_mounts):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     edits = make_host(tmp_path / "host_src")
     # the container cannot see host_src at all: sources are opened on the host first
     subprocess.run(["nsenter", "-t", str(container), "-m", "mount", "-t", "tmpfs", "tmpfs",
@@ -195,8 +195,8 @@ def test_apply_into_other_namespace(rootfs, tmp_path, container, no_leaked_mount
 
 
 def test_cgroup_rules_via_parent(rootfs, tmp_path, container, monkeypatch, no_leaked_mounts):
-    import libinject.cgroups as cg
-    from libinject.apply_live import apply
+    import libinject.apply.cgroups as cg
+    from libinject.apply.live import apply
     edits = make_host(tmp_path / "host_src")
     calls, undone = [], []
 
@@ -228,7 +228,7 @@ def test_cgroup_rules_via_parent(rootfs, tmp_path, container, monkeypatch, no_le
 def _oneshot_into(rootfs, edits, pid, **kw):
     """apply(worker=False) as a one-shot caller does, reporting what it did to this
     process: namespace and cwd back as they were, capabilities limited."""
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     os.chdir("/tmp")
     ns = os.stat("/proc/self/ns/mnt").st_ino
     try:
@@ -262,7 +262,7 @@ def test_in_process_cgroup_failure_rolls_back(rootfs, tmp_path, container, monke
                                               no_leaked_mounts):
     """The cgroup step runs back in our namespace; its failure undoes the mounts in
     the container's (umount2 only detaches mounts of the caller's namespace)."""
-    import libinject.cgroups as cg
+    import libinject.apply.cgroups as cg
     edits = make_host(tmp_path / "host_src")
     seen = []
 
@@ -297,7 +297,7 @@ def test_in_process_cgroup_v2_with_limited_caps(tmp_path, no_leaked_mounts):
 
 
 def test_bad_pid(rootfs, tmp_path):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     with pytest.raises(NvhookError, match="container process 999999999"):
         apply(make_host(tmp_path / "h"), str(rootfs), pid=999999999)
 
@@ -318,7 +318,7 @@ def _compat_image(rootfs, tmp_path):
 
 
 def _compat_apply(rootfs, edits):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     before = mountinfo()
     apply(edits, str(rootfs))
     return [(m["mp"][len(str(rootfs)):], m["root"], m["opts"]) for m in new_mounts(before, mountinfo())]
@@ -326,7 +326,7 @@ def _compat_apply(rootfs, edits):
 
 def test_cuda_compat_mount_only_newer_regular_files(rootfs, tmp_path, no_leaked_mounts):
     _compat_image(rootfs, tmp_path)
-    from libinject.edits import ContainerEdits
+    from libinject.plan.edits import ContainerEdits
     edits = ContainerEdits(cuda_compat=CudaCompatEdit("mount", 550))
     got = in_ns(_compat_apply, rootfs, edits)
     assert [g[0] for g in got] == [f"{LIBDIR}/libcuda.so.560.35.03",
@@ -339,7 +339,7 @@ def test_cuda_compat_mount_only_newer_regular_files(rootfs, tmp_path, no_leaked_
 
 def test_cuda_compat_ldconfig_mode(rootfs, tmp_path, no_leaked_mounts):
     _compat_image(rootfs, tmp_path)
-    from libinject.edits import ContainerEdits
+    from libinject.plan.edits import ContainerEdits
     edits = ContainerEdits(cuda_compat=CudaCompatEdit("ldconfig", 550))
     assert in_ns(_compat_apply, rootfs, edits) == []
     cache = subprocess.run([HOST_LDCONFIG, "-p", "-C", str(rootfs / "etc/ld.so.cache")],
@@ -351,7 +351,7 @@ def test_cuda_compat_ldconfig_mode(rootfs, tmp_path, no_leaked_mounts):
 @pytest.mark.parametrize("worker", [True, False], ids=["worker", "in-process"])
 @pytest.mark.parametrize("cgroups", [False, True], ids=["no-cgroups", "cgroups"])
 def test_apply_into_running_runc_container(tmp_path, cgroups, worker, no_leaked_mounts):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     from support.runc import RuncContainer
     edits = make_host(tmp_path / "drv", ngpu=2)
     with RuncContainer(tmp_path, mode="v1") as c:

@@ -42,7 +42,7 @@ def generate(host: Path, *extra: str, out: Path | None = None) -> dict:
 
 
 def driver_of(host: Path):
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
 
     return discover(str(host), snapshot=False)
 
@@ -72,8 +72,8 @@ def test_generated_spec_validates_for_every_profile(sim_host, tmp_path, profile)
 
 
 def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
-    from libinject import plan as P
-    from libinject.request import Request
+    from libinject.plan import planner as P
+    from libinject.request.model import Request
 
     host = sim_host("h100x8-mig")
     spec = generate(host)
@@ -147,7 +147,7 @@ def test_output_is_atomic_and_json_or_yaml(sim_host, tmp_path):
 
 
 def test_minimum_version_rules():
-    from libinject.cdi import minimum_version
+    from libinject.apply.cdi import minimum_version
 
     dev = {"name": "gpu0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
     spec = {"cdiVersion": "0.3.0", "kind": "nvidia.com/gpu", "devices": [dev]}
@@ -178,10 +178,10 @@ def test_minimum_version_rules():
 # --- validate ---------------------------------------------------------------------------
 
 def test_packaged_schema_equals_shared_copy():
-    pkg = REPO / "libinject" / "cdi_schema"
+    pkg = REPO / "libinject" / "apply" / "cdi_schema"
     for name in ("schema.json", "defs.json"):
         assert (pkg / name).read_bytes() == (SHARED_CDI / name).read_bytes(), name
-    from libinject.cdi_validate import schema_files
+    from libinject.apply.cdi_validate import schema_files
 
     assert schema_files()["schema.json"] == json.loads((SHARED_CDI / "schema.json").read_text())
 
@@ -220,7 +220,7 @@ GOOD = {
      "is not of type 'integer'"),
 ])
 def test_validate_rejects(tmp_path, mutate, expect):
-    from libinject.cdi_validate import validate
+    from libinject.apply.cdi_validate import validate
 
     assert validate(GOOD) == []
     spec = copy.deepcopy(GOOD)
@@ -265,7 +265,7 @@ def test_list_priorities_and_conflicts(tmp_path):
                                 "vendor.com/net=eth0"]
     assert "conflicting device 'nvidia.com/gpu=1'" in r.stderr and "broken.json" in r.stderr
     assert r.returncode == 1
-    from libinject import cdi
+    from libinject.apply import cdi
 
     reg = cdi.scan([str(d1), str(d2)])
     edits, missing = reg.resolve(["nvidia.com/gpu=2", "nvidia.com/gpu=1"])
@@ -275,7 +275,7 @@ def test_list_priorities_and_conflicts(tmp_path):
 
 
 def test_qualify_and_parse():
-    from libinject import cdi
+    from libinject.apply import cdi
 
     assert cdi.qualify(["0", " all", "GPU-abc", "void", "", "example.com/x=1", "0"]) == [
         "nvidia.com/gpu=0", "nvidia.com/gpu=all", "nvidia.com/gpu=GPU-abc", "example.com/x=1"]
@@ -288,7 +288,7 @@ def test_qualify_and_parse():
 # --- apply_spec -------------------------------------------------------------------------
 
 def test_apply_cdi_to_oci_config():
-    from libinject.apply_spec import apply_cdi
+    from libinject.apply.spec import apply_cdi
 
     cfg = {"process": {"env": ["PATH=/bin", "A=old"], "user": {"uid": 1000, "gid": 1000}},
            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
@@ -321,7 +321,7 @@ def test_apply_cdi_to_oci_config():
 
 
 def test_apply_cdi_fills_device_from_host_and_rejects_bad_edits():
-    from libinject.apply_spec import apply_cdi
+    from libinject.apply.spec import apply_cdi
     from libinject.errors import NvhookError
 
     cfg: dict = {}
@@ -398,8 +398,8 @@ def test_mask_procfs_edits_follow_container_devices(sim_host):
         [driver.info.gpus[0].procfs_name, driver.info.gpus[2].procfs_name])
     assert "ModifyDeviceFiles: 0" in e.procfs.files["params"]
     # the same procfs the planner gives the hook path for that MIG device and GPU 2
-    from libinject import plan as P
-    from libinject.request import Request
+    from libinject.plan import planner as P
+    from libinject.request.model import Request
 
     p = P.plan(Request(devices=f"0:0,2", capabilities=frozenset({"utility"})), driver)
     assert sorted(e.procfs.gpu_dirs) == sorted(p.procfs.gpu_dirs)

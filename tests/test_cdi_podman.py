@@ -78,7 +78,7 @@ runroot = "{s}/runroot"
 @pytest.fixture(scope="module")
 def cdi_setup(sim_host, tmp_path_factory):
     """(host, driver, spec dir with the generated spec, a busybox+glibc rootfs)."""
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
     from libinject.sim.rootfs import build_rootfs
 
     host = sim_host("a100x8")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from libinject import bpf_devices as bd
-from libinject import native as n
-from libinject.cgroups import (allow_devices, cgroup_mounts, create_dev_char_links,
+from libinject.apply import bpf as bd
+from libinject.linux import native as n
+from libinject.apply.cgroups import (allow_devices, cgroup_mounts, create_dev_char_links,
                                find_cgroup_dirs, proc_cgroups)
-from libinject.edits import CgroupRule
+from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
 from support.runc import RuncContainer, RuncError
 
@@ -180,8 +180,8 @@ def test_from_prestart_hook(tmp_path, mode):
     hook = tmp_path / "hook.py"
     hook.write_text(textwrap.dedent("""\
         import json, sys
-        from libinject.cgroups import allow_devices
-        from libinject.edits import CgroupRule
+        from libinject.apply.cgroups import allow_devices
+        from libinject.plan.edits import CgroupRule
         pid = json.load(sys.stdin)["pid"]
         allow_devices(pid, [CgroupRule(195, 1)]).release()
         """))
@@ -315,7 +315,7 @@ def test_covered_mounts_are_skipped(tmp_path):
     lists the hybrid host's v1 and unified mounts underneath; only the visible one counts."""
     with RuncContainer(tmp_path, mode="v2") as c:
         c.create()
-        code = ("from libinject.cgroups import find_cgroup_dirs as f; "
+        code = ("from libinject.apply.cgroups import find_cgroup_dirs as f; "
                 f"print(f({c.pid}))")
         r = subprocess.run(c.host_cmd([sys.executable, "-I", "-c", code]),
                            capture_output=True, text=True)

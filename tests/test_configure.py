@@ -102,7 +102,7 @@ ls -ln {q(rootfs)}/dev/nvidia-caps > {q(out / "caps")} 2>&1 || true
 
 
 def gpu_uuids(host: Path) -> list[str]:
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
 
     return [g.uuid for g in discover(str(host)).info.gpus]
 
@@ -153,7 +153,7 @@ def test_graphics_adds_graphics_libraries(sim_host, smi_rootfs, tmp_path, no_mou
 
 def test_mig_selection_gives_cap_nodes(sim_host, smi_rootfs, tmp_path, no_mounts_left):
     host = sim_host("h100x8-mig")
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
 
     drv = discover(str(host))
     gpu = next(g for g in drv.info.gpus if g.mig_devices)
@@ -310,7 +310,7 @@ def _parse(*argv: str):
 
 
 def test_cli_request_mapping():
-    from libinject.cli_request import build
+    from libinject.request.cli_flags import build
 
     r = build(_parse("--device", "0,1", "-d", "GPU-abc", "--utility", "-c", "--require", "cuda>=12",
                      "-r", "brand=tesla", "--mig-config", "all", "--imex-channel", "1", "--imex-channel", "2",
@@ -326,7 +326,7 @@ def test_cli_request_mapping():
 
 
 def test_cli_request_defaults():
-    from libinject.cli_request import build
+    from libinject.request.cli_flags import build
 
     r = build(_parse("/r"))
     assert r.devices == "none"            # no --device: driver only, as nvidia-container-cli

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from libinject import select as S
-from libinject.discover import discover
+from libinject.plan import select as S
+from libinject.discover.driver import discover
 from libinject.errors import NvhookError
 from libinject.sim.profile import list_profiles
 
@@ -230,9 +230,9 @@ def test_nvml_default_user_is_nobody(fresh_sim_host):
 
 
 def test_nvml_child_drops_capabilities():
-    from libinject import nvml
+    from libinject.discover import nvml
 
-    code = ("import sys; sys.argv=['x', '/nonexistent']; from libinject import nvml; "
+    code = ("import sys; sys.argv=['x', '/nonexistent']; from libinject.discover import nvml; "
             "nvml._drop_privileges(); print(open('/proc/self/status').read())")
     out = subprocess.run([os.sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
     status = dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
@@ -365,7 +365,7 @@ def test_mig_caps_selection(h100):
 def test_ipc_dirs_not_owned_by_root_are_refused(fresh_sim_host, tmp_path):
     """A /tmp/nvidia-mps made by an unprivileged user (or in a non-sticky world-writable
     dir) is not the driver's: it would be mounted read-write into every compute container."""
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
     host = fresh_sim_host("t4x1")
     mps = host / "tmp/nvidia-mps"
     mps.mkdir(parents=True, exist_ok=True)
@@ -387,7 +387,7 @@ def test_snapshot_dir_swapped_after_check_not_followed(fresh_sim_host, tmp_path,
     """The snapshot dir is checked, then swapped for a symlink to a directory another
     user controls holding a forged snapshot (same name, right fingerprint): what was
     checked must be what is read."""
-    from libinject import snapshot as snap
+    from libinject.discover import snapshot as snap
     root = fresh_sim_host("t4x1")
     sdir = tmp_path / "snaps"
     d0 = discover(str(root), snapshot_dir=str(sdir))
@@ -418,6 +418,6 @@ def test_snapshot_dir_swapped_after_check_not_followed(fresh_sim_host, tmp_path,
 
 
 def _snap_args(root):
-    from libinject.discover import DEFAULT_LDCACHE
+    from libinject.discover.driver import DEFAULT_LDCACHE
     r = os.path.abspath(str(root))
     return r, r, os.path.join(r, DEFAULT_LDCACHE.lstrip("/"))

@@ -46,7 +46,7 @@ def _split(out: str) -> tuple[list[str], dict[int, str]]:
 @pytest.mark.parametrize("profile,device", [("a100x8", "1"), ("h100x8-mig", "0:1")])
 def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_path, monkeypatch,
                                                                  profile, device):
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
 
     host = sim_host(profile)
     driver = discover(str(host), snapshot=False)

@@ -179,7 +179,7 @@ def test_every_gpu_request_reaches_python(tmp_path, fake_front):
     """Cross-check with the pure request builder: whatever it calls a GPU container, the
     front must hand to Python (it may hand over more, never fewer)."""
     from libinject import config as config_mod
-    from libinject.oci_request import wants_gpu
+    from libinject.request.oci_spec import wants_gpu
 
     cases = [
         ["NVIDIA_VISIBLE_DEVICES=all"], ["NVIDIA_VISIBLE_DEVICES= 0 "], ["NVIDIA_VISIBLE_DEVICES=none"],

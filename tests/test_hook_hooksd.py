@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft7Validator
 
-from libinject import hookinstall
+from libinject.runtime import hooksd as hookinstall
 from libinject.errors import NvhookError
 from conftest import NVHOOK, REPO, SPECS
 from support import hookenv

@@ -175,7 +175,7 @@ def podman():
 
 @pytest.fixture
 def hooks_dir(tmp_path, hook_config) -> Path:
-    from libinject import hookinstall
+    from libinject.runtime import hooksd as hookinstall
 
     d = tmp_path / "hooks.d"
     hookinstall.install(str(d), "always", hookenv.ensure_front(), str(hook_config))
@@ -201,7 +201,7 @@ def test_podman_void_and_error(podman, hooks_dir, rootfs):
 
 
 def test_podman_annotation_gated_hook(tmp_path, podman, hook_config, rootfs, gpu_uuids):
-    from libinject import hookinstall
+    from libinject.runtime import hooksd as hookinstall
 
     d = tmp_path / "hooks-annotated.d"
     hookinstall.install(str(d), "annotation", hookenv.ensure_front(), str(hook_config))

@@ -218,7 +218,7 @@ def _as_nobody(fn) -> int:
 
 
 def test_non_root_peer_is_refused(tmp_path, server):
-    from libinject import hookserver
+    from libinject.runtime import service as hookserver
 
     b = tmp_path / "bundle"
     b.mkdir()
@@ -245,7 +245,7 @@ def test_non_root_peer_is_refused(tmp_path, server):
 
 
 def test_malformed_requests_are_declined(tmp_path, server):
-    from libinject import hookserver
+    from libinject.runtime import service as hookserver
 
     def raw(msg: bytes, fds: list[int]) -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
@@ -273,7 +273,7 @@ def test_malformed_requests_are_declined(tmp_path, server):
 def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
     """A front that stopped waiting before committing (no "G") runs the hook itself; the
     worker must then do nothing, or the container would be configured twice."""
-    from libinject import hookserver
+    from libinject.runtime import service as hookserver
 
     with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "sleep 100") as c:
         c.config["hooks"] = {}
@@ -306,7 +306,7 @@ def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
 
 
 def test_parse_request():
-    from libinject.hookserver import Request, encode_request, parse_request
+    from libinject.runtime.service import Request, encode_request, parse_request
 
     msg = encode_request(["nvhook-hook", "--config", "/c", "prestart"], {"NVHOOK_CONFIG": "/a=b"})
     assert parse_request(msg) == Request(("nvhook-hook", "--config", "/c", "prestart"), {"NVHOOK_CONFIG": "/a=b"})

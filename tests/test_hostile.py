@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from libinject.edits import CudaCompatEdit
+from libinject.plan.edits import CudaCompatEdit
 from libinject.errors import NvhookError
 from test_safefs import LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot
 
@@ -27,7 +27,7 @@ HOSTILE_DIRS = [LIBDIR, "/usr/bin", "/lib/firmware", "/proc/driver", "/dev",
 
 
 def _apply(rootfs, edits):
-    from libinject.apply_live import apply
+    from libinject.apply.live import apply
     before = mountinfo()
     try:
         apply(edits, str(rootfs))
@@ -197,9 +197,9 @@ def test_symlink_swapped_in_during_apply(rootfs, tmp_path, no_leaked_mounts):
 
 # -- the host side: a source path swapped for a symlink after planning ---------------
 def _plan_sim(host: Path, rootfs: Path):
-    from libinject.discover import discover
-    from libinject.plan import plan
-    from libinject.request import Request
+    from libinject.discover.driver import discover
+    from libinject.plan.planner import plan
+    from libinject.request.model import Request
     driver = discover(str(host), snapshot=False)
     return plan(Request(devices="0", capabilities=frozenset({"utility", "compute"})), driver)
 
@@ -234,7 +234,7 @@ def test_host_source_dir_swapped_for_symlink(fresh_sim_host, rootfs, tmp_path, s
     real.symlink_to(canary)
 
     def go():
-        from libinject.apply_live import apply
+        from libinject.apply.live import apply
         pre = mountinfo()
         try:
             apply(edits, str(rootfs))

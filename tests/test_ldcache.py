@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from libinject import ldcache
+from libinject.discover import ldcache
 from libinject.errors import NvhookError
 
 SRC = "int nvhook_test_fn(void) { return 42; }\n"

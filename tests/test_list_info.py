@@ -44,7 +44,7 @@ def _cap(minors: dict[str, int], gpu_minor: int, gi: int, ci: int | None = None)
 
 
 def _libs(root: Path, prof: dict, i386: bool) -> list[str]:
-    from libinject.libraries import LIBRARIES
+    from libinject.discover.libraries import LIBRARIES
 
     ver = prof["driver_version"]
     d = "/usr/lib/i386-linux-gnu" if i386 else "/usr/lib/x86_64-linux-gnu"

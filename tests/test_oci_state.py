@@ -11,7 +11,7 @@ from jsonschema import Draft4Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT4
 
-from libinject import oci_state
+from libinject.request import oci_state
 from libinject.errors import NvhookError
 
 from conftest import SPECS as _ALL_SPECS

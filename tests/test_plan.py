@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from libinject.edits import CgroupRule, ContainerEdits
+from libinject.plan.edits import CgroupRule, ContainerEdits
 from libinject.errors import NvhookError
-from libinject.model import DeviceNode, Driver, DriverInfo, Gpu, HostFile, Library, MigDevice
-from libinject.plan import Flags, container_lib_dirs, describe, plan
-from libinject.request import Request
+from libinject.discover.model import DeviceNode, Driver, DriverInfo, Gpu, HostFile, Library, MigDevice
+from libinject.plan.planner import Flags, container_lib_dirs, describe, plan
+from libinject.request.model import Request
 
 VER = "550.163.01"
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -224,7 +224,7 @@ def test_container_env_never_picks_a_host_dir(driver):
     (a container asking for /etc would get the host's /etc read-write): through the hook's
     own request builder, the plan is the same whatever the image sets."""
     from libinject.config import Config
-    from libinject.oci_request import request_from_spec
+    from libinject.request.oci_spec import request_from_spec
 
     root = Path(driver.root)
     (root / "etc").mkdir(exist_ok=True)
@@ -351,7 +351,7 @@ def test_container_lib_dirs_never_leave_rootfs(tmp_path):
 def test_container_lib_dirs_retries_racing_lookup(tmp_path, monkeypatch):
     """openat2(RESOLVE_IN_ROOT) answers EAGAIN when a '..' walk raced with a rename or
     mount anywhere on the system; that is "try again", not "absent"."""
-    from libinject import native
+    from libinject.linux import native
     deb = tmp_path / "deb"
     (deb / "etc").mkdir(parents=True)
     (deb / "etc/debian_version").write_text("12\n")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from libinject import require
+from libinject.plan import require
 from libinject.errors import NvhookError
-from libinject.model import DriverInfo, Gpu
+from libinject.discover.model import DriverInfo, Gpu
 
 INFO = DriverInfo(driver_version="550.163.01", cuda_version="12.4")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from libinject import native
-from libinject.edits import (CgroupRule, ContainerEdits, DeviceEdit, MountEdit, ProcfsEdit,
+from libinject.linux import native
+from libinject.plan.edits import (CgroupRule, ContainerEdits, DeviceEdit, MountEdit, ProcfsEdit,
                              SymlinkEdit)
 from libinject.errors import NvhookError
 
@@ -159,7 +159,7 @@ def make_host(h: Path, *, ngpu: int = 4, nlibs: int = 12) -> ContainerEdits:
 
 # -- RootFS --------------------------------------------------------------------------
 def _rootfs(path):
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     return RootFS(str(path))
 
 
@@ -233,7 +233,7 @@ def test_make_file_never_follows_last_symlink(rootfs, tmp_path):
 
 
 def _bind_ro(rootfs, src):
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     r = RootFS(str(rootfs))
     before = mountinfo()
     r.bind_mount(str(src), f"{LIBDIR}/libx.so.1", ("ro", "nosuid", "nodev"))
@@ -265,7 +265,7 @@ def test_bind_mount_read_only_really(rootfs, tmp_path, no_leaked_mounts):
 
 
 def _wrong_types(rootfs, tmp_path):
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     r = RootFS(str(rootfs))
     f = tmp_path / "f"
     f.write_text("x")
@@ -297,7 +297,7 @@ def test_refuses_wrong_target_type(rootfs, tmp_path, no_leaked_mounts):
 
 
 def _proc_target(rootfs, tmp_path):
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     native.mount("proc", str(rootfs / "proc"), "proc", 0)
     (rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1").symlink_to("/proc/sys/kernel/core_pattern")
     src = tmp_path / "lib"
@@ -315,7 +315,7 @@ def test_refuses_target_on_procfs(rootfs, tmp_path, no_leaked_mounts):
 
 
 def _tmpfs(rootfs):
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     r = RootFS(str(rootfs))
     before = mountinfo()
     r.tmpfs("/proc/driver/nvidia", files={"params": b"ModifyDeviceFiles: 0\n"}, dirs=("gpus/a",))
@@ -343,7 +343,7 @@ def test_tmpfs_filled_then_read_only(rootfs, no_leaked_mounts):
 def _dir_cache_and_mounts(rootfs):
     """Targets in a directory that a later directory mount covers go into the mount,
     not into the covered (cached) directory."""
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     r = RootFS(str(rootfs))
     r.make_file("/opt/a/b/one")                    # caches /opt/a/b
     r.tmpfs("/opt/a", readonly=False, mode=0o755)  # covers /opt/a and /opt/a/b
@@ -360,7 +360,7 @@ def test_dir_cache_follows_directory_mounts(rootfs, no_leaked_mounts):
 
 def test_dir_cache_after_rollback(rootfs):
     """A directory removed by rollback is not reused from the cache."""
-    from libinject.safefs import Journal, RootFS
+    from libinject.apply.rootfs import Journal, RootFS
     r = RootFS(str(rootfs), Journal())
     assert r.make_file("/opt/x/y/f")
     assert r.journal.rollback() == []
@@ -372,7 +372,7 @@ def test_dir_cache_after_rollback(rootfs):
 
 def test_new_entries_skip_needless_chown(rootfs, tmp_path):
     """Entries are created with their final mode; owner fixed only when it differs."""
-    from libinject.safefs import RootFS
+    from libinject.apply.rootfs import RootFS
     os.chown(rootfs, 1234, 1234)
     try:
         r = RootFS(str(rootfs))
@@ -424,7 +424,7 @@ def test_write_file_replaces_symlink_never_writes_through(rootfs, tmp_path):
 
 
 def test_mount_options_validated():
-    from libinject.safefs import mount_attrs
+    from libinject.apply.rootfs import mount_attrs
     assert mount_attrs(("ro", "nosuid", "nodev", "bind"))[0] == (
         native.MOUNT_ATTR_RDONLY | native.MOUNT_ATTR_NOSUID | native.MOUNT_ATTR_NODEV)
     assert mount_attrs(("rbind",))[1] is True
@@ -439,7 +439,7 @@ def _cache(rootfs) -> str:
 
 
 def _ldconfig(rootfs, folders, spec="@/sbin/ldconfig"):
-    from libinject import ldconfig
+    from libinject.apply import ldconfig
     r = _rootfs(rootfs)
     return ldconfig.update(r, folders, ldconfig=spec)
 
@@ -534,7 +534,7 @@ def test_ldconfig_container_path(rootfs, tmp_path):
 
 
 def test_ldconfig_errors(tmp_path, rootfs):
-    from libinject import ldconfig
+    from libinject.apply import ldconfig
     script = tmp_path / "ldconfig.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
     with pytest.raises(NvhookError, match="script"):
@@ -544,7 +544,7 @@ def test_ldconfig_errors(tmp_path, rootfs):
 
 
 def _sandbox(rootfs, argv, timeout):
-    from libinject import ldconfig
+    from libinject.apply import ldconfig
     r = _rootfs(rootfs)
     fd = os.open(rootfs / "bin/busybox", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -589,7 +589,7 @@ def test_sandbox_timeout(rootfs):
 
 def _caps_after_limit():
     import prctl
-    from libinject.safefs import limit_capabilities
+    from libinject.apply.rootfs import limit_capabilities
     limit_capabilities({prctl.CAP_SYS_ADMIN, prctl.CAP_CHOWN})
     status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines()
                   if line.startswith("Cap"))
@@ -680,9 +680,9 @@ def test_ldconfig_include_of_device_node_not_opened(rootfs, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(
         "import sys\n"
-        f"sys.path.insert(0, {str(Path(native.__file__).resolve().parent.parent)!r})\n"
-        "from libinject import native, ldconfig\n"
-        "from libinject.safefs import RootFS\n"
+        f"sys.path.insert(0, {str(Path(native.__file__).resolve().parents[2])!r})\n"
+        "from libinject.linux import native\nfrom libinject.apply import ldconfig\n"
+        "from libinject.apply.rootfs import RootFS\n"
         "native.unshare(native.CLONE_NEWNS)\n"
         "native.mount(None, '/', None, native.MS_REC | native.MS_PRIVATE)\n"
         f"print(ldconfig.update(RootFS({str(rootfs)!r}), [{LIBDIR!r}]))\n")
@@ -697,7 +697,7 @@ def test_ldconfig_include_of_device_node_not_opened(rootfs, tmp_path):
 
 
 def _ldconfig_umount_fails(rootfs, folders):
-    from libinject import ldconfig
+    from libinject.apply import ldconfig
     real = ldconfig.native.umount2
 
     def failing(target, flags=0):

@@ -199,7 +199,8 @@ def test_legacy_mode_matches_the_hook(shim_env, tmp_path, monkeypatch):
 
 
 def test_legacy_hook_added_once_and_auto_mode(monkeypatch):
-    from libinject import config, shim
+    from libinject import config
+    from libinject.runtime import shim
 
     cfg = config.Config()
     log = shim.Log("")
@@ -225,7 +226,7 @@ def test_csv_mode(shim_env, tmp_path, monkeypatch):
     monkeypatch.setattr(R, "RUNC", SHIM)
     csv = tmp_path / "csv"
     csv.mkdir()
-    from libinject.discover import discover
+    from libinject.discover.driver import discover
 
     drv = discover(str(host), snapshot=False)
     ml = next(lib for lib in drv.libraries if lib.name.startswith("libnvidia-ml.so."))

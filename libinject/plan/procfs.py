@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from libinject.edits import ProcfsEdit
+from libinject.plan.edits import ProcfsEdit
 from libinject.errors import NvhookError
-from libinject.model import Gpu
+from libinject.discover.model import Gpu
 
 PROC_DRIVER = "/proc/driver/nvidia"
 FILES = ("params", "version", "registry")

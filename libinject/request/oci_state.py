@@ -96,7 +96,7 @@ def bundle_dir(state: State, cwd: str | None = None) -> str:
 def load_config(bundle: str) -> dict[str, Any]:
     """<bundle>/config.json as a dict, at most MAX_CONFIG_BYTES."""
     path = os.path.join(bundle, "config.json")
-    from libinject.files import read_bounded
+    from libinject.linux.files import read_bounded
 
     data = read_bounded(path, MAX_CONFIG_BYTES, "OCI spec")
     try:

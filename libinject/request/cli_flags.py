@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from libinject.errors import NvhookError
-from libinject.request import Request
+from libinject.request.model import Request
 
 CAPABILITY_FLAGS = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 COMPAT_MODES = ("mount", "ldconfig", "disabled")

@@ -1,6 +1,6 @@
 """ContainerEdits: what the planner decides, as pure data.
 
-One plan, three appliers: live (libinject.apply_live: hook and configure), OCI spec
+One plan, three appliers: live (libinject.apply.live: hook and configure), OCI spec
 (runtime shim) and CDI (cdi generate). Container paths are absolute paths inside the
 container; host paths are absolute on the host. Serialisable with to_dict/from_dict
 (used by --dry-run --json and the snapshot cache).

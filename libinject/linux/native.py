@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from libinject._native import ffi, lib  # type: ignore[import-not-found]
+from libinject.linux._native import ffi, lib  # type: ignore[import-not-found]
 
 # mount(2) flags
 MS_RDONLY = 0x1

@@ -189,8 +189,8 @@ def save(path: str, key: str, driver) -> bool:
 
 
 def driver_from_dict(d: dict):
-    from libinject import model
-    from libinject.nvml import info_from_dict
+    from libinject.discover import model
+    from libinject.discover.nvml import info_from_dict
 
     def nodes(items):
         return tuple(model.DeviceNode(**n) for n in items)

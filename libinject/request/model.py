@@ -1,6 +1,6 @@
 """What a container asks for, whatever path it came by (CLI flags, OCI env, CDI).
 
-Built by pure functions (libinject.oci_request for the hook, nvhook.cmd_configure for
+Built by pure functions (libinject.request.oci_spec for the hook, nvhook.cmd_configure for
 the CLI); consumed by the planner.
 """
 from __future__ import annotations

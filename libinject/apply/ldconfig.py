@@ -35,9 +35,9 @@ import stat
 import time
 from typing import Callable, Sequence
 
-from libinject import native
+from libinject.linux import native
 from libinject.errors import NvhookError
-from libinject.safefs import RootFS, cap_last_cap, limit_capabilities, proc_fd
+from libinject.apply.rootfs import RootFS, cap_last_cap, limit_capabilities, proc_fd
 
 CONF_DIR = "/etc/ld.so.conf.d"
 AT_FDCWD = -100

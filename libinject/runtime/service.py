@@ -68,12 +68,12 @@ PRELOAD = (
     "argparse", "ctypes", "dataclasses", "errno", "glob", "grp", "json", "posixpath", "pwd",
     "re", "resource", "select", "signal", "stat", "struct", "subprocess", "time", "tomllib",
     "traceback", "pathlib", "prctl",
-    "libinject.native", "libinject.errors", "libinject.files", "libinject.model", "libinject.request",
-    "libinject.edits", "libinject.config", "libinject.oci_state", "libinject.oci_request",
-    "libinject.pipeline", "libinject.snapshot", "libinject.discover", "libinject.nvml",
-    "libinject.ldcache", "libinject.libraries", "libinject.select", "libinject.require",
-    "libinject.procfs", "libinject.plan", "libinject.safefs", "libinject.ldconfig",
-    "libinject.apply_live", "libinject.cgroups", "libinject.bpf_devices",
+    "libinject.linux.native", "libinject.errors", "libinject.linux.files", "libinject.discover.model", "libinject.request.model",
+    "libinject.plan.edits", "libinject.config", "libinject.request.oci_state", "libinject.request.oci_spec",
+    "libinject.pipeline", "libinject.discover.snapshot", "libinject.discover.driver", "libinject.discover.nvml",
+    "libinject.discover.ldcache", "libinject.discover.libraries", "libinject.plan.select", "libinject.plan.require",
+    "libinject.plan.procfs", "libinject.plan.planner", "libinject.apply.rootfs", "libinject.apply.ldconfig",
+    "libinject.apply.live", "libinject.apply.cgroups", "libinject.apply.bpf",
     "nvhook.cli", "nvhook.cmd_hook",
 )
 
@@ -152,7 +152,7 @@ class DriverCache:
                  dev_root: str | None = None, nvml_timeout: float = 10.0,
                  user: tuple[int, int] | None = None, snapshot: bool = True,
                  snapshot_dir: str | None = None):
-        from libinject import discover as D
+        from libinject.discover import driver as D
 
         def fresh():
             return D.discover(root, ldcache=ldcache, dev_root=dev_root, nvml_timeout=nvml_timeout,
@@ -172,9 +172,9 @@ class DriverCache:
 
     @staticmethod
     def key(root: str, ldcache: str | None, dev_root: str | None) -> tuple:
-        """Same inputs, same normalisation as libinject.discover.discover's snapshot path."""
-        from libinject import discover as D
-        from libinject import snapshot as S
+        """Same inputs, same normalisation as libinject.discover.driver.discover's snapshot path."""
+        from libinject.discover import driver as D
+        from libinject.discover import snapshot as S
 
         root = D._check_root(root)
         dev = os.path.abspath(dev_root) if dev_root else root
@@ -198,7 +198,7 @@ class DriverCache:
         return json.dumps([[list(k), dataclasses.asdict(d)] for k, d in self.new]).encode()
 
     def load_new(self, data: bytes) -> int:
-        from libinject.snapshot import driver_from_dict
+        from libinject.discover.snapshot import driver_from_dict
 
         items = json.loads(data)
         for k, d in items:
@@ -536,7 +536,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         _close_all_but(keep)
         os.environ.clear()
         os.environ.update({"PATH": PATH_ENV, **req.env})
-        from libinject import native
+        from libinject.linux import native
 
         try:
             native.setns(cg, native.CLONE_NEWCGROUP)
@@ -638,7 +638,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
 
 def _read_fd(fd: int) -> bytes:
     """The state, at most MAX_STATE_BYTES + 1 bytes (handle() reports "too large")."""
-    from libinject.oci_state import MAX_STATE_BYTES
+    from libinject.request.oci_state import MAX_STATE_BYTES
 
     chunks, n, off = [], 0, 0
     while n <= MAX_STATE_BYTES:

@@ -1,6 +1,6 @@
 """Validate CDI specs: the official JSON schema, plus what the schema misses.
 
-The schema (libinject/cdi_schema, a copy of the upstream draft-07 files) checks types
+The schema (libinject/apply/cdi_schema, a copy of the upstream draft-07 files) checks types
 and required fields only. What the Go loader (pkg/cdi, specs-go) also enforces, and
 this module adds:
 - unknown fields (the Go loader decodes strictly; the schema allows anything extra);
@@ -22,7 +22,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from libinject import cdi
+from libinject.apply import cdi
 
 HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
                "poststop")
@@ -42,7 +42,7 @@ FIELDS = {
 
 def schema_files() -> dict[str, Any]:
     """{"schema.json": ..., "defs.json": ...} from the package."""
-    base = resources.files("libinject.cdi_schema")
+    base = resources.files("libinject.apply.cdi_schema")
     return {n: json.loads(base.joinpath(n).read_text()) for n in ("schema.json", "defs.json")}
 
 

@@ -12,7 +12,7 @@ made by the shim and one made by podman from the same spec are the same:
   (stable) so a parent is mounted before what goes inside it;
 - hooks: appended to their stage; additionalGids (non-zero) to process.user;
   intelRdt and netDevices set.
-ContainerEdits (the planner's) go through libinject.cdi.to_cdi first: one conversion,
+ContainerEdits (the planner's) go through libinject.apply.cdi.to_cdi first: one conversion,
 so the shim's csv mode and `cdi generate` describe edits the same way.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer",
 
 def apply_cdi(config: dict[str, Any], edits_list: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Apply CDI containerEdits objects, in order, to an OCI config dict (in place)."""
-    from libinject.cdi_validate import edits_errors
+    from libinject.apply.cdi_validate import edits_errors
 
     edits_list = [e for e in edits_list if e]
     for e in edits_list:
@@ -62,9 +62,9 @@ def apply_cdi(config: dict[str, Any], edits_list: Iterable[dict[str, Any]]) -> d
 
 
 def apply_edits(config: dict[str, Any], edits, hook) -> dict[str, Any]:
-    """Apply planner ContainerEdits (libinject.edits) with hooks run as `hook`
-    (a libinject.cdi.HookOptions)."""
-    from libinject import cdi
+    """Apply planner ContainerEdits (libinject.plan.edits) with hooks run as `hook`
+    (a libinject.apply.cdi.HookOptions)."""
+    from libinject.apply import cdi
 
     return apply_cdi(config, [cdi.to_cdi(edits, hook, procfs=bool(edits.procfs and hook.procfs_dir))])
 

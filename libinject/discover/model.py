@@ -1,7 +1,7 @@
 """What discovery finds on a host: the driver, its GPUs and its files.
 
 Pure data (frozen dataclasses, JSON-friendly via dataclasses.asdict); produced by
-libinject.discover, consumed by the planner and by `nvhook list/info`.
+libinject.discover.driver, consumed by the planner and by `nvhook list/info`.
 All host paths are absolute paths on the host, i.e. already prefixed with the
 driver root (e.g. "/sim/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01").
 """

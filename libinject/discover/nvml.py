@@ -202,7 +202,7 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
     import signal
     import subprocess
 
-    from libinject import model
+    from libinject.discover import model
     from libinject.errors import NvhookError
 
     child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
@@ -240,7 +240,7 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
 
 
 def info_from_dict(d: dict):
-    from libinject import model
+    from libinject.discover import model
 
     return model.DriverInfo(
         driver_version=d["driver_version"],

@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from libinject import native
-from libinject.edits import ContainerEdits, DeviceEdit, MountEdit
+from libinject.linux import native
+from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from libinject.safefs import (Journal, RootFS, fs_type, limit_capabilities, mount_attrs, open_host,
+from libinject.apply.rootfs import (Journal, RootFS, fs_type, limit_capabilities, mount_attrs, open_host,
                               openat2, proc_fd, split)
 
 TIMEOUT = 120.0
@@ -66,7 +66,7 @@ def _preload(edits: ContainerEdits) -> None:
     setns the container's namespace may not show this Python's files at all."""
     import prctl  # noqa: F401
     if edits.ldconfig_folders or edits.cuda_compat:
-        from libinject import ldconfig  # noqa: F401
+        from libinject.apply import ldconfig  # noqa: F401
 
 
 def _caps_kept() -> set[int]:
@@ -154,7 +154,7 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
             return list(report.get("mounts", []))
         if cgroup_step:
             try:
-                from libinject import cgroups
+                from libinject.apply import cgroups
                 undo = cgroups.allow_devices(pid, edits.cgroup_rules)
             except Exception as e:  # noqa: BLE001 - any failure rolls the mounts back
                 os.write(cmd_w, b"rollback\n")
@@ -340,7 +340,7 @@ def _apply_here(edits: ContainerEdits, rootfs: str, pid: int | None, nsfd: int |
         _mark("report")
         if cgroup_step:
             try:
-                from libinject import cgroups
+                from libinject.apply import cgroups
                 cgroups.allow_devices(pid, edits.cgroup_rules)  # type: ignore[arg-type]
             except Exception as e:  # noqa: BLE001 - any failure rolls the mounts back
                 native.setns(nsfd, native.CLONE_NEWNS)  # type: ignore[arg-type]
@@ -395,7 +395,7 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
                 raise NvhookError(f"procfs entry {host_dir} is not a directory")
             src.gpu_dirs.append(s)
     if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
-        from libinject.ldconfig import open_ldconfig
+        from libinject.apply.ldconfig import open_ldconfig
         src.ldconfig_fd = open_ldconfig(ldconfig)
     return src
 
@@ -446,7 +446,7 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
     _devices(root, [(d, s) for d, s in devices if d.kind not in DEVICE_KINDS])
     _mark("devices")
     if folders:
-        from libinject import ldconfig as ldc
+        from libinject.apply import ldconfig as ldc
         ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark)
 
 

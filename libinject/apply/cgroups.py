@@ -14,7 +14,7 @@ restricts the container:
   devices.list does not already cover; undo writes to devices.deny the access bits
   that were added (so access the container had before is kept).
 - v2: for each BPF_CGROUP_DEVICE program attached to the container's cgroup, read its
-  translated instructions, prepend an allow block for our rules (libinject.bpf_devices),
+  translated instructions, prepend an allow block for our rules (libinject.apply.bpf),
   load it and swap it in atomically with BPF_F_ALLOW_MULTI|BPF_F_REPLACE (non-multi
   attachments are simply replaced by attaching again). Undo swaps the old programs back;
   until then the Undo keeps them alive through their fds. If a runtime's program cannot
@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from libinject.edits import CgroupRule
+from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
 
 if TYPE_CHECKING:
@@ -270,14 +270,14 @@ def _allow_v1(cgdir: str, rules: Sequence[CgroupRule], undo: Undo) -> None:
 
 # -- cgroup v2 -------------------------------------------------------------------------
 def _dev_rules(rules: Sequence[CgroupRule]):
-    from libinject.bpf_devices import DevRule
+    from libinject.apply.bpf import DevRule
     return [DevRule(r.type, r.major, r.minor, r.access) for r in rules]
 
 
 def _allow_v2(cgdir: str, rules: Sequence[CgroupRule], undo: Undo,
               oci_devices: Sequence[Mapping[str, Any]] | None) -> None:
-    from libinject import bpf_devices as bd
-    from libinject import native as n
+    from libinject.apply import bpf as bd
+    from libinject.linux import native as n
 
     cgfd = os.open(cgdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     undo.cleanups.append(lambda: os.close(cgfd))
@@ -329,7 +329,7 @@ def _allow_v2(cgdir: str, rules: Sequence[CgroupRule], undo: Undo,
 
 
 def _swap(cgfd: int, old: int, new: int, flags: int, multi: bool) -> None:
-    from libinject import native as n
+    from libinject.linux import native as n
     try:
         if multi:
             n.bpf_prog_attach(cgfd, new, n.BPF_CGROUP_DEVICE,

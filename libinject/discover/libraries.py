@@ -11,9 +11,11 @@ import errno
 import fnmatch
 import os
 
-from libinject import ldcache, model
+from libinject.discover import ldcache
 
 # (SONAME prefix, capability), in nvidia-container-cli's order:
+
+from libinject.discover import model
 # utility, compute, ngx, video, graphics, graphics (glvnd).
 LIBRARIES: tuple[tuple[str, str], ...] = (
     ("libnvidia-ml.so", "utility"),

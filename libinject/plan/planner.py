@@ -22,13 +22,13 @@ import posixpath
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-from libinject import procfs as _procfs
-from libinject import require as _require
-from libinject.edits import (CgroupRule, ContainerEdits, CudaCompatEdit, DeviceEdit,
+from libinject.plan import procfs as _procfs
+from libinject.plan import require as _require
+from libinject.plan.edits import (CgroupRule, ContainerEdits, CudaCompatEdit, DeviceEdit,
                              MountEdit, SymlinkEdit)
 from libinject.errors import NvhookError
-from libinject.model import DeviceNode, Driver, Gpu, HostFile, Library, MigDevice
-from libinject.request import Request
+from libinject.discover.model import DeviceNode, Driver, Gpu, HostFile, Library, MigDevice
+from libinject.request.model import Request
 
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 RPM_LIB_DIRS = ("/usr/lib64", "/usr/lib")
@@ -94,8 +94,8 @@ class Selection:
 def _exists_in_root(rootfs: str, path: str) -> bool:
     """Does `path` exist inside rootfs, resolving symlinks as if rootfs were "/"?
     (openat2 RESOLVE_IN_ROOT: an image's symlinks can never lead out of its rootfs.)"""
-    from libinject import native
-    from libinject.safefs import openat2   # retries the EAGAIN of a racing ".." walk
+    from libinject.linux import native
+    from libinject.apply.rootfs import openat2   # retries the EAGAIN of a racing ".." walk
 
     try:
         rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -127,7 +127,7 @@ def select_devices(driver: Driver, ids: str | None) -> Selection:
     """Resolve a device list ("none" = driver only)."""
     if ids is None or ids.strip().lower() in ("none", ""):
         return Selection((), ())
-    from libinject import select as _select
+    from libinject.plan import select as _select
 
     gpus: list[Gpu] = []
     migs: list[tuple[Gpu, MigDevice]] = []

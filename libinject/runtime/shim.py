@@ -10,9 +10,9 @@ mode in config.toml ([nvidia-container-runtime] mode):
 - cdi: devices requested by `cdi.k8s.io/*` annotations (modes.cdi.annotation-prefixes)
   or else by NVIDIA_VISIBLE_DEVICES; unqualified ids ("0", "all", "GPU-..") name
   devices of modes.cdi.default-kind; the edits of those devices and of their specs
-  (modes.cdi.spec-dirs) are applied as podman would (libinject.apply_spec), device
+  (modes.cdi.spec-dirs) are applied as podman would (libinject.apply.spec), device
   cgroup rules included. An unknown device fails the create, changing nothing.
-- csv: the files listed in modes.csv.mount-spec-path (libinject.csv_mode), for
+- csv: the files listed in modes.csv.mount-spec-path (libinject.plan.csv), for
   containers that ask for GPUs; /proc/driver/nvidia masked as in cdi mode when the
   driver root has one (NVIDIA's csv mode does not).
 - auto: cdi when every requested device is a qualified CDI name, else legacy.
@@ -151,7 +151,7 @@ def find_runtime(runtimes: Sequence[str], path: str | None = None) -> str:
 # --- modes ------------------------------------------------------------------------------
 
 def container_env(spec: dict[str, Any]) -> dict[str, str]:
-    from libinject.oci_request import container_env as env
+    from libinject.request.oci_spec import container_env as env
 
     return env(spec)
 
@@ -176,7 +176,7 @@ def requested_devices(spec: dict[str, Any], cfg) -> tuple[list[str], str]:
 
 
 def resolve_mode(mode: str, devices: Sequence[str]) -> str:
-    from libinject import cdi
+    from libinject.apply import cdi
 
     if mode not in MODES:
         raise NvhookError(f"invalid [nvidia-container-runtime] mode {mode!r} "
@@ -198,7 +198,7 @@ def legacy_hook() -> dict[str, Any]:
             env.append(f"{k}={os.environ[k]}")
     if os.access(front, os.X_OK):
         return {"path": front, "args": ["nvhook-hook", "prestart"], "env": env}
-    from libinject.cdi import default_hook_path
+    from libinject.apply.cdi import default_hook_path
 
     return {"path": default_hook_path(), "args": ["nvhook", "prestart"], "env": env}
 
@@ -217,7 +217,9 @@ def add_legacy_hook(spec: dict[str, Any], log: Log) -> bool:
 
 
 def apply_cdi_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) -> bool:
-    from libinject import apply_spec, cdi, cdi_validate
+    from libinject.apply import spec as apply_spec
+    from libinject.apply import cdi
+    from libinject.apply import cdi_validate
 
     if not devices:
         log.info("cdi: no devices requested")
@@ -236,7 +238,9 @@ def apply_cdi_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) 
 
 
 def apply_csv_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) -> bool:
-    from libinject import apply_spec, cdi, csv_mode
+    from libinject.apply import spec as apply_spec
+    from libinject.apply import cdi
+    from libinject.plan import csv as csv_mode
 
     if not devices:
         log.info("csv: not a GPU container")
@@ -280,7 +284,8 @@ def modify(spec: dict[str, Any], cfg, log: Log) -> bool:
 # --- the create rewrite -----------------------------------------------------------------
 
 def rewrite_bundle(bundle: str, cfg, log: Log) -> bool:
-    from libinject import cdi, oci_state
+    from libinject.apply import cdi
+    from libinject.request import oci_state
 
     bundle = os.path.abspath(bundle or ".")
     spec = oci_state.load_config(bundle)

@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from libinject.errors import NvhookError
-from libinject.request import Request
+from libinject.request.model import Request
 
 ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
 DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})

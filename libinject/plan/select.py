@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from libinject.errors import NvhookError
-from libinject.model import DeviceNode, Driver, DriverInfo, Gpu, MigDevice
+from libinject.discover.model import DeviceNode, Driver, DriverInfo, Gpu, MigDevice
 
 _PCI = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.0")
 _MIG_INDEX = re.compile(r"(\d+):(\d+)")

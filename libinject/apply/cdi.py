@@ -1,14 +1,14 @@
 """CDI (Container Device Interface) specs: ContainerEdits <-> CDI, generate, load, resolve.
 
 One pipeline (DESIGN.md §2): `cdi generate` discovers the driver once, plans each
-device with libinject.plan exactly as the hook would (a Request per device), and
+device with libinject.plan.planner exactly as the hook would (a Request per device), and
 serialises those ContainerEdits. What every device's plan shares (libraries, binaries,
 firmware, IPC, control devices, symlinks, ldconfig) goes to the spec-level
 containerEdits; what is left per device (its /dev/nvidiaN, MIG capability nodes) goes
 to the device.
 
 What a CDI spec cannot say directly becomes a createContainer hook calling our own
-`nvhook cdi-hook` (explicit env, paths resolved inside the rootfs by libinject.safefs):
+`nvhook cdi-hook` (explicit env, paths resolved inside the rootfs by libinject.apply.rootfs):
 symlinks (`create-symlinks --link TARGET::LINK`), the ld cache (`update-ldcache
 --folder DIR`) and the /proc/driver/nvidia masking (`mask-procfs`: runc refuses OCI
 mounts under /proc, so a spec cannot mount it; the hook picks the GPU dirs from the
@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from libinject.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
+from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
 
 DEFAULT_VENDOR = "nvidia.com"
@@ -207,8 +207,8 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str = DEFAULT_CLASS,
              lib_dir: str | None = None, lib32_dir: str | None = None,
              mask_procfs: bool = True) -> dict[str, Any]:
     """The CDI spec (a dict) for every GPU and MIG device of `driver`, plus "all"."""
-    from libinject import plan as _plan
-    from libinject.request import Request
+    from libinject.plan import planner as _plan
+    from libinject.request.model import Request
 
     kw = {"lib_dir": lib_dir or _plan.DEBIAN_LIB_DIRS[0],
           "lib32_dir": lib32_dir or _plan.DEBIAN_LIB_DIRS[1]}
@@ -406,7 +406,7 @@ MAX_SPEC_BYTES = 64 << 20
 
 def load_file(path: str) -> dict[str, Any]:
     """A spec file (.json or .yaml; YAML is a superset of JSON) as a dict."""
-    from libinject.files import read_bounded
+    from libinject.linux.files import read_bounded
 
     data = read_bounded(path, MAX_SPEC_BYTES, "CDI spec")
     try:

@@ -1,7 +1,7 @@
 """What a driver root offers: driver, GPUs, MIG devices, files and device nodes.
 
 Read-only, for any driver root ("/", "/run/nvidia/driver", a simulated host).
-Fast path: a snapshot (libinject.snapshot) reused while its fingerprint of the host
+Fast path: a snapshot (libinject.discover.snapshot) reused while its fingerprint of the host
 still matches; otherwise the slow path asks NVML in a child process and looks the
 files up, then writes a new snapshot. Heavy modules are imported only on the slow path.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from libinject import snapshot as _snap
+from libinject.discover import snapshot as _snap
 from libinject.errors import NvhookError
-from libinject.model import Driver
+from libinject.discover.model import Driver
 
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 PERSISTENCED_SOCKET = "/run/nvidia-persistenced/socket"
@@ -21,7 +21,7 @@ NV_MAJOR = 195
 
 
 def _watch_dirs() -> list[str]:
-    from libinject import libraries as L
+    from libinject.discover import libraries as L
 
     return [*L.SEARCH_DIRS_64, *L.SEARCH_DIRS_32, *L.BIN_DIRS, "lib/firmware/nvidia",
             "run/nvidia-persistenced", "run/nvidia-fabricmanager", "run",
@@ -78,8 +78,8 @@ def discover(root: str = "/", *, ldcache: str | None = None, dev_root: str | Non
 
 def library_entries(root: str, cache: str, explicit: bool):
     """(ld.so.cache entries or search results, how they were found)."""
-    from libinject import ldcache as LC
-    from libinject import libraries as L
+    from libinject.discover import ldcache as LC
+    from libinject.discover import libraries as L
 
     reason = "no ld.so.cache"
     if os.path.exists(cache) or explicit:
@@ -102,7 +102,7 @@ def library_entries(root: str, cache: str, explicit: bool):
 
 
 def _nvml_path(root: str, entries) -> str | None:
-    from libinject import libraries as L
+    from libinject.discover import libraries as L
 
     for e in entries:
         if e.name == "libnvidia-ml.so.1" and e.arch in L.NATIVE_ARCHES and not e.hwcaps_subdir:
@@ -115,7 +115,7 @@ def _nvml_path(root: str, entries) -> str | None:
 def _device(host: str, container_path: str, capability: str = ""):
     import stat
 
-    from libinject.model import DeviceNode
+    from libinject.discover.model import DeviceNode
 
     try:
         st = os.stat(host)
@@ -160,8 +160,9 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
     import dataclasses
     import glob
 
-    from libinject import libraries as L
-    from libinject import model, nvml
+    from libinject.discover import libraries as L
+    from libinject.discover import model
+    from libinject.discover import nvml
 
     entries, source = library_entries(root, cache, explicit_cache)
     libpath = _nvml_path(root, entries)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from libinject.errors import NvhookError
-from libinject.model import DriverInfo, Gpu
+from libinject.discover.model import DriverInfo, Gpu
 
 # Order matters: the first operator whose text strncmp-matches the operator run wins.
 _OPERATORS = ("=", "!=", "<", "<=", ">", ">=")

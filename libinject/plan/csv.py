@@ -10,7 +10,7 @@ is `KIND, PATH` with KIND one of
 PATH is a host path under the driver root and the same path in the container. Blank
 lines and `#` comments are skipped; a missing file is skipped (as NVIDIA does); an
 unknown kind is an error. The result is planner-style ContainerEdits, applied to the
-OCI spec like any other edits (libinject.apply_spec), with the library dirs handed to
+OCI spec like any other edits (libinject.apply.spec), with the library dirs handed to
 the update-ldcache hook.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import posixpath
 import stat
 from typing import Iterable
 
-from libinject.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
+from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
 
 KINDS = ("dev", "lib", "sym", "dir")
@@ -106,7 +106,7 @@ def edits(entries: Iterable[tuple[str, str]], root: str = "/",
                 raise NvhookError(f"csv mode: {host} is not a directory")
             mounts.append(MountEdit(host, path, "binary", DIR_RO))
     mounts = list(dict.fromkeys(mounts))
-    from libinject.edits import CgroupRule
+    from libinject.plan.edits import CgroupRule
 
     return ContainerEdits(
         device_nodes=tuple(devices), mounts=tuple(mounts), symlinks=tuple(dict.fromkeys(links)),

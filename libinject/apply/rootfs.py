@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable
 
-from libinject import native
+from libinject.linux import native
 from libinject.errors import NvhookError
 
 AT_FDCWD = -100

@@ -1,0 +1,1 @@
+"""Stage 4, the appliers: ContainerEdits made real (live rootfs, ldconfig, cgroups/eBPF; OCI spec; CDI)."""

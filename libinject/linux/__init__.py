@@ -1,0 +1,1 @@
+"""The thin OS layer: native syscalls (cffi), bounded reads, mountinfo, privileges, children with deadlines, atomic writes."""

@@ -1,0 +1,1 @@
+"""Stage 3, the plan: (Request, Driver) -> ContainerEdits, pure (selection, requirements, procfs, csv)."""
