@@ -1,27 +1,25 @@
+/* The C side of csrc/native.h (the cffi cdef, which is not included here: its
+ * `#define X ...` lines would clash with these headers, which give them their values).
+ * glibc >= 2.36's <sys/mount.h> includes <linux/mount.h> itself; an older one does
+ * not, and <linux/mount.h> after it only redefines MS_* to the same values. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mount.h>
+#ifndef MOUNT_ATTR_RDONLY
+#include <linux/mount.h>
+#endif
 #include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <linux/bpf.h>
-#include "native.h"
-
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
-#ifndef SYS_open_tree
-#define SYS_open_tree 428
-#endif
-#ifndef SYS_move_mount
-#define SYS_move_mount 429
-#endif
-#ifndef SYS_mount_setattr
-#define SYS_mount_setattr 442
-#endif
+#include <linux/magic.h>
+#include <linux/openat2.h>
 
 #define RET(expr) do { long _r = (expr); return _r < 0 ? -errno : (int)_r; } while (0)
 
@@ -33,36 +31,33 @@ int nv_umount2(const char *target, int flags) { RET(umount2(target, flags)); }
 int nv_setns(int fd, int nstype) { RET(setns(fd, nstype)); }
 int nv_unshare(int flags) { RET(unshare(flags)); }
 int nv_pivot_root(const char *new_root, const char *put_old)
-{ RET(syscall(SYS_pivot_root, new_root, put_old)); }
-
-struct nv_open_how { uint64_t flags, mode, resolve; };
+{ RET(syscall(__NR_pivot_root, new_root, put_old)); }
 
 int nv_openat2(int dirfd, const char *path, unsigned long long flags,
                unsigned long long mode, unsigned long long resolve)
 {
-    struct nv_open_how how = { flags, mode, resolve };
-    RET(syscall(SYS_openat2, dirfd, path, &how, sizeof how));
+    struct open_how how = { .flags = flags, .mode = mode, .resolve = resolve };
+    RET(syscall(__NR_openat2, dirfd, path, &how, sizeof how));
 }
 
 int nv_open_tree(int dirfd, const char *path, unsigned int flags)
-{ RET(syscall(SYS_open_tree, dirfd, path, flags)); }
+{ RET(syscall(__NR_open_tree, dirfd, path, flags)); }
 
 int nv_move_mount(int from_dirfd, const char *from_path, int to_dirfd,
                   const char *to_path, unsigned int flags)
-{ RET(syscall(SYS_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags)); }
-
-struct nv_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+{ RET(syscall(__NR_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags)); }
 
 int nv_mount_setattr(int dirfd, const char *path, unsigned int flags,
                      unsigned long long attr_set, unsigned long long attr_clr,
                      unsigned long long propagation)
 {
-    struct nv_mount_attr a = { attr_set, attr_clr, propagation, 0 };
-    RET(syscall(SYS_mount_setattr, dirfd, path, flags, &a, sizeof a));
+    struct mount_attr a = { .attr_set = attr_set, .attr_clr = attr_clr,
+                            .propagation = propagation };
+    RET(syscall(__NR_mount_setattr, dirfd, path, flags, &a, sizeof a));
 }
 
 static long sys_bpf(int cmd, union bpf_attr *attr)
-{ return syscall(SYS_bpf, cmd, attr, sizeof *attr); }
+{ return syscall(__NR_bpf, cmd, attr, sizeof *attr); }
 
 int nv_bpf_prog_load(unsigned int prog_type, const void *insns, unsigned int insn_cnt,
                      const char *license, char *log_buf, unsigned int log_size)
@@ -147,24 +142,14 @@ int nv_bpf_prog_get_insns(int prog_fd, void *insns, unsigned int capacity)
     return (int)info.xlated_prog_len;
 }
 
-#ifndef SYS_fsopen
-#define SYS_fsopen 430
-#endif
-#ifndef SYS_fsconfig
-#define SYS_fsconfig 431
-#endif
-#ifndef SYS_fsmount
-#define SYS_fsmount 432
-#endif
-
 int nv_fsopen(const char *fsname, unsigned int flags)
-{ RET(syscall(SYS_fsopen, fsname, flags)); }
+{ RET(syscall(__NR_fsopen, fsname, flags)); }
 
 int nv_fsconfig(int fd, unsigned int cmd, const char *key, const char *value, int aux)
-{ RET(syscall(SYS_fsconfig, fd, cmd, key, value, aux)); }
+{ RET(syscall(__NR_fsconfig, fd, cmd, key, value, aux)); }
 
 int nv_fsmount(int fd, unsigned int flags, unsigned int attr_flags)
-{ RET(syscall(SYS_fsmount, fd, flags, attr_flags)); }
+{ RET(syscall(__NR_fsmount, fd, flags, attr_flags)); }
 
 long nv_fstatfs_type(int fd)
 {

@@ -15,8 +15,8 @@ import pytest
 
 from libinject.plan.edits import CudaCompatEdit, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from test_safefs import (HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
-                         snapshot)
+from support.applyenv import (HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
+                              snapshot)
 
 
 def _planned(edits) -> list[str]:
@@ -165,13 +165,16 @@ def container(rootfs, tmp_path):
     p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
                           f"mount -t tmpfs tmpfs {rootfs}/dev && mount -t tmpfs tmpfs {host} "
                           f"&& touch {ready} && exec sleep 60"])
-    for _ in range(200):
-        if ready.exists():
-            break
-        time.sleep(0.02)
-    yield p.pid
-    p.kill()
-    p.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            assert p.poll() is None, f"container setup failed (exit status {p.returncode})"
+            assert time.monotonic() < deadline, "container not ready within 10 s"
+            time.sleep(0.02)
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait(timeout=10)
 
 
 def test_apply_into_other_namespace(rootfs, tmp_path, container, no_leaked_mounts):

@@ -372,7 +372,7 @@ def test_cdi_hook_symlinks_and_ldcache_stay_in_rootfs(rootfs, tmp_path, no_leake
 
 
 def test_mask_procfs_edits_follow_container_devices(sim_host):
-    from nvhook.cmd_cdi_hook import procfs_edits
+    from libinject.runtime.cdi_hooks import procfs_edits
 
     host = sim_host("h100x8-mig")
     driver = driver_of(host)
@@ -401,7 +401,7 @@ def test_mask_procfs_edits_follow_container_devices(sim_host):
     from libinject.plan import planner as P
     from libinject.request.model import Request
 
-    p = P.plan(Request(devices=f"0:0,2", capabilities=frozenset({"utility"})), driver)
+    p = P.plan(Request(devices="0:0,2", capabilities=frozenset({"utility"})), driver)
     assert sorted(e.procfs.gpu_dirs) == sorted(p.procfs.gpu_dirs)
     assert e.procfs.files == p.procfs.files
     assert any(k.startswith("capabilities/gpu") for k in e.procfs.files)

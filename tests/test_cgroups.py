@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from libinject.apply import bpf as bd
+from libinject.linux import mountinfo
 from libinject.linux import native as n
 from libinject.apply.cgroups import (allow_devices, cgroup_mounts, create_dev_char_links,
                                find_cgroup_dirs, proc_cgroups)
@@ -232,8 +233,8 @@ def test_harness(tmp_path, mode):
         assert c.cgroup_dir().is_dir() and c.cgroup_dir("devices").is_dir()
         if mode == "v2":   # cgroup2 on /sys/fs/cgroup only in runc's private namespace
             assert os.readlink(f"/proc/{c.ns_pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
-            with open("/proc/self/mountinfo") as f:
-                assert not [ln for ln in f if " /sys/fs/cgroup " in ln and "cgroup2" in ln]
+            assert not [m for m in mountinfo.read()
+                        if m.mountpoint == "/sys/fs/cgroup" and m.fstype == "cgroup2"]
         cg, ns_pid = c.cgroup_dir(), c.ns_pid
     assert not cg.exists()
     assert not c.bundle.exists() and not c.state_root.exists()
@@ -274,9 +275,9 @@ def test_parse_mountinfo_and_cgroup():
         "devices": "/a", "freezer": "/a", "": "/b", "name=systemd": "/c"}
 
 
-def _fake_proc(tmp_path: Path, cgroup: str, mountinfo: str) -> str:
+def _fake_proc(tmp_path: Path, cgroup: str, mounts: str) -> str:
     (tmp_path / "self").mkdir()
-    (tmp_path / "self/mountinfo").write_text(mountinfo)
+    (tmp_path / "self/mountinfo").write_text(mounts)
     (tmp_path / "42").mkdir()
     (tmp_path / "42/cgroup").write_text(cgroup)
     return str(tmp_path)

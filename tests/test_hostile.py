@@ -20,7 +20,7 @@ import pytest
 
 from libinject.plan.edits import CudaCompatEdit
 from libinject.errors import NvhookError
-from test_safefs import LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot
+from support.applyenv import LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot
 
 HOSTILE_DIRS = [LIBDIR, "/usr/bin", "/lib/firmware", "/proc/driver", "/dev",
                 "/usr/local/cuda/compat", "/run/nvidia-persistenced"]
@@ -188,7 +188,8 @@ def test_symlink_swapped_in_during_apply(rootfs, tmp_path, no_leaked_mounts):
     finally:
         stop.set()
         for t in threads:
-            t.join()
+            t.join(timeout=10)
+            assert not t.is_alive(), "flipper thread did not stop"
     assert flips[0] > 0
     assert snapshot(host) == before
     print(f"race: {flips[0]} flips, {sum(e is None for e in outcomes)}/{len(outcomes)} applies "

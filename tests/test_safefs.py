@@ -1,160 +1,18 @@
-"""safefs.RootFS and the sandboxed ldconfig, for real (root, private mount namespaces).
-
-Also holds the helpers test_apply_live.py and test_hostile.py import: in_ns (run a
-function in a forked child with its own private mount namespace), mountinfo parsing,
-tree snapshots for canaries, and a hand-made host + ContainerEdits.
-"""
+"""safefs.RootFS and the sandboxed ldconfig, for real (root, private mount namespaces)."""
 from __future__ import annotations
 
 import errno
 import os
-import pickle
 import shutil
-import socket
 import stat
 import subprocess
-import traceback
 from pathlib import Path
 
 import pytest
 
 from libinject.linux import native
-from libinject.plan.edits import (CgroupRule, ContainerEdits, DeviceEdit, MountEdit, ProcfsEdit,
-                             SymlinkEdit)
 from libinject.errors import NvhookError
-
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
-HOST_LDCONFIG = "/sbin/ldconfig"
-
-
-# -- helpers shared with test_apply_live.py / test_hostile.py ------------------------
-def in_ns(fn, *args, **kw):
-    """fn(*args) in a forked child inside a new private mount namespace; returns its
-    (pickled) result or re-raises its exception. Nothing it mounts reaches the host."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        try:
-            native.unshare(native.CLONE_NEWNS)
-            native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
-            res = ("ok", fn(*args, **kw), "")
-        except BaseException as e:  # noqa: BLE001
-            res = ("err", e, traceback.format_exc())
-        try:
-            data = pickle.dumps(res)
-        except Exception:  # noqa: BLE001
-            data = pickle.dumps(("err", RuntimeError(repr(res[1])), res[2]))
-        with os.fdopen(w, "wb") as f:
-            f.write(data)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    kind, val, tb = pickle.loads(data)
-    if kind == "err":
-        if tb and not isinstance(val, NvhookError):
-            val.add_note(tb)
-        raise val
-    return val
-
-
-def mountinfo(pid: int | str = "self") -> list[dict]:
-    out = []
-    with open(f"/proc/{pid}/mountinfo") as f:
-        for line in f:
-            p = line.split()
-            sep = p.index("-")
-            out.append({"id": int(p[0]), "root": p[3], "mp": p[4].replace("\\040", " "),
-                        "opts": set(p[5].split(",")), "fstype": p[sep + 1],
-                        "source": p[sep + 2], "super": set(p[sep + 3].split(","))})
-    return out
-
-
-def new_mounts(before: list[dict], after: list[dict]) -> list[dict]:
-    ids = {m["id"] for m in before}
-    return [m for m in after if m["id"] not in ids]
-
-
-def snapshot(top: Path, *, dir_mtimes: bool = True) -> dict:
-    """Everything about a tree a hostile image might try to change. dir_mtimes=False
-    for a rootfs we wrote into and rolled back (entries made and removed again)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for n in dirnames + filenames:
-            p = os.path.join(dirpath, n)
-            st = os.lstat(p)
-            data = None
-            if stat.S_ISREG(st.st_mode):
-                data = open(p, "rb").read()
-            elif stat.S_ISLNK(st.st_mode):
-                data = os.readlink(p)
-            mtime = st.st_mtime_ns if dir_mtimes or not stat.S_ISDIR(st.st_mode) else 0
-            out[os.path.relpath(p, top)] = (st.st_mode, st.st_uid, mtime, data)
-    st = os.lstat(top)
-    out["."] = (st.st_mode, st.st_mtime_ns if dir_mtimes else 0)
-    return out
-
-
-def elf(path: Path, soname: str) -> Path:
-    """An empty shared library with the given SONAME (what ldconfig caches)."""
-    subprocess.run(["gcc", "-shared", "-nostdlib", "-o", str(path), f"-Wl,-soname,{soname}",
-                    "-x", "c", "/dev/null"], check=True)
-    return path
-
-
-def make_host(h: Path, *, ngpu: int = 4, nlibs: int = 12) -> ContainerEdits:
-    """A hand-made driver root and the edits a planner would make for it: libraries,
-    nvidia-smi, firmware, persistenced socket, device nodes (mknod 195:N), procfs."""
-    lib = h / LIBDIR.lstrip("/")
-    for d in (lib, h / "usr/bin", h / "dev", h / "lib/firmware/nvidia/550.54.14",
-              h / "run/nvidia-persistenced"):
-        d.mkdir(parents=True, exist_ok=True)
-    libs = []
-    for i in range(nlibs):
-        p = lib / f"libnvidia-t{i}.so.550.54.14"
-        p.write_text(f"lib{i}")
-        libs.append(p)
-    # one real ELF so ldconfig has something to cache
-    elf(lib / "libnvidia-ml.so.550.54.14", "libnvidia-ml.so.1")
-    (h / "usr/bin/nvidia-smi").write_text("#!/bin/sh\necho smi\n")
-    os.chmod(h / "usr/bin/nvidia-smi", 0o755)
-    fw = h / "lib/firmware/nvidia/550.54.14/gsp_ga10x.bin"
-    fw.write_bytes(b"firmware")
-    sock = h / "run/nvidia-persistenced/socket"
-    if not sock.exists():
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(sock))
-        s.close()
-    devs = [DeviceEdit("/dev/nvidiactl", str(h / "dev/nvidiactl"), 195, 255, "control"),
-            DeviceEdit("/dev/nvidia-uvm", str(h / "dev/nvidia-uvm"), 511, 0, "control")]
-    devs += [DeviceEdit(f"/dev/nvidia{i}", str(h / f"dev/nvidia{i}"), 195, i, "gpu") for i in range(ngpu)]
-    for d in devs:
-        if not os.path.exists(d.host_path):
-            os.mknod(d.host_path, 0o666 | stat.S_IFCHR, os.makedev(d.major, d.minor))
-    gdirs = []
-    for i in range(ngpu):
-        g = h / f"proc/driver/nvidia/gpus/0000:0{i}:00.0"
-        g.mkdir(parents=True, exist_ok=True)
-        (g / "information").write_text(f"Model: sim gpu {i}\n")
-        gdirs.append((str(g), f"0000:0{i}:00.0"))
-    mounts = [MountEdit(str(h / "usr/bin/nvidia-smi"), "/usr/bin/nvidia-smi", "binary")]
-    mounts += [MountEdit(str(p), f"{LIBDIR}/{p.name}", "library")
-               for p in libs + [lib / "libnvidia-ml.so.550.54.14"]]
-    mounts.append(MountEdit(str(fw), "/lib/firmware/nvidia/550.54.14/gsp_ga10x.bin", "firmware"))
-    mounts.append(MountEdit(str(sock), "/run/nvidia-persistenced/socket", "ipc",
-                            ("nosuid", "nodev", "noexec", "bind")))
-    syms = [SymlinkEdit(p.name, f"{LIBDIR}/{p.name.split('.so')[0]}.so.1") for p in libs]
-    syms += [SymlinkEdit("libnvidia-ml.so.550.54.14", f"{LIBDIR}/libnvidia-ml.so.1"),
-             SymlinkEdit("libnvidia-ml.so.1", f"{LIBDIR}/libnvidia-ml.so")]
-    return ContainerEdits(
-        device_nodes=tuple(devs), mounts=tuple(mounts), symlinks=tuple(syms),
-        procfs=ProcfsEdit(files={"params": "ModifyDeviceFiles: 0\n",
-                                 "version": "NVRM version: 550.54.14\n", "registry": ""},
-                          gpu_dirs=tuple(gdirs)),
-        ldconfig_folders=(LIBDIR,),
-        cgroup_rules=tuple(CgroupRule(d.major, d.minor) for d in devs))
+from support.applyenv import HOST_LDCONFIG, LIBDIR, in_ns, mountinfo, new_mounts, snapshot
 
 
 # -- RootFS --------------------------------------------------------------------------
@@ -452,7 +310,9 @@ def test_ldconfig_host_binary_in_rootfs_without_ldconfig(rootfs):
     how = in_ns(_ldconfig, rootfs, [LIBDIR])
     assert how == "ldconfig"
     out = _cache(rootfs)
-    assert f"libz.so.1 (libc6,x86-64) => {LIBDIR}/" in out or "libnvidia-ml" in out or "libz.so.1" in out
+    # the copied library, cached by its SONAME through the link ldconfig made beside it
+    assert f"\tlibz.so.1 (libc6,x86-64) => {LIBDIR}/libz.so.1\n" in out
+    assert os.readlink(lib / "libz.so.1") == "libnvidia-ml.so.550.1"
     assert "libc.so.6" in out
     confs = [n for n in os.listdir(rootfs / "etc/ld.so.conf.d") if n.startswith("00-nvcr-")]
     assert len(confs) == 1
@@ -589,7 +449,7 @@ def test_sandbox_timeout(rootfs):
 
 def _caps_after_limit():
     import prctl
-    from libinject.apply.rootfs import limit_capabilities
+    from libinject.linux.privileges import limit_capabilities
     limit_capabilities({prctl.CAP_SYS_ADMIN, prctl.CAP_CHOWN})
     status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines()
                   if line.startswith("Cap"))
@@ -631,7 +491,8 @@ def _sandbox_seen_from_outside(rootfs, marker):
     t = threading.Thread(target=watch)
     t.start()
     out = _sandbox(rootfs, ["sh", "-c", f"sleep 1; : {marker}"], 10)
-    t.join()
+    t.join(timeout=10)      # the watcher gives up after 8 s
+    assert not t.is_alive()
     mine = {n: os.readlink(f"/proc/self/ns/{n}") for n in ("pid", "net", "ipc", "mnt")}
     return out, seen, mine
 
@@ -661,7 +522,7 @@ def test_sandbox_cannot_signal_host_processes(rootfs):
         assert victim.poll() is None              # still alive
     finally:
         victim.kill()
-        victim.wait()
+        victim.wait(timeout=10)
 
 
 def test_sandbox_cannot_open_image_device_nodes(rootfs):

@@ -21,27 +21,31 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-DEV_BLOCK = 1
-DEV_CHAR = 2
-ACC_MKNOD = 1
-ACC_READ = 2
-ACC_WRITE = 4
+from libinject.linux import native as n
+
+DEV_BLOCK = n.BPF_DEVCG_DEV_BLOCK
+DEV_CHAR = n.BPF_DEVCG_DEV_CHAR
+ACC_MKNOD = n.BPF_DEVCG_ACC_MKNOD
+ACC_READ = n.BPF_DEVCG_ACC_READ
+ACC_WRITE = n.BPF_DEVCG_ACC_WRITE
 ACC_ALL = ACC_MKNOD | ACC_READ | ACC_WRITE
 
-# opcodes (linux/bpf.h, linux/bpf_common.h)
-_LDX_W = 0x61          # BPF_LDX | BPF_MEM | BPF_W
-_ALU32_AND_K = 0x54
-_ALU32_RSH_K = 0x74
-_ALU32_MOV_K = 0xb4
-_ALU32_MOV_X = 0xbc
-_JNE_K = 0x55          # BPF_JMP | BPF_JNE | BPF_K
-_EXIT = 0x95
-_CALL = 0x85
-_TAIL_CALL = 0xf5      # BPF_JMP | BPF_X | BPF_CALL (xlated tail call)
-_LD_IMM64 = 0x18       # BPF_LD | BPF_IMM | BPF_DW (maps, BTF ids, addresses)
-_CLASS_LD = 0x00       # legacy packet loads: never valid here
-_CLASS_JMP, _CLASS_JMP32 = 0x05, 0x06
-_OP_CALL = 0x80
+# opcodes, from linux/bpf.h and linux/bpf_common.h
+_LDX_W = n.BPF_LDX | n.BPF_MEM | n.BPF_W
+_ALU32_AND_K = n.BPF_ALU | n.BPF_AND | n.BPF_K
+_ALU32_RSH_K = n.BPF_ALU | n.BPF_RSH | n.BPF_K
+_ALU32_MOV_K = n.BPF_ALU | n.BPF_MOV | n.BPF_K
+_ALU32_MOV_X = n.BPF_ALU | n.BPF_MOV | n.BPF_X
+_JNE_K = n.BPF_JMP | n.BPF_JNE | n.BPF_K
+_EXIT = n.BPF_JMP | n.BPF_EXIT
+_CALL = n.BPF_JMP | n.BPF_CALL
+# xlated tail call: BPF_JMP | BPF_TAIL_CALL; BPF_TAIL_CALL (0xf0) is the kernel's own
+# (include/linux/filter.h), in no uapi header
+_TAIL_CALL = n.BPF_JMP | 0xf0
+_LD_IMM64 = n.BPF_LD | n.BPF_IMM | n.BPF_DW       # maps, BTF ids, addresses
+_CLASS_LD = n.BPF_LD                              # legacy packet loads: never valid here
+_CLASS_JMP, _CLASS_JMP32 = n.BPF_JMP, n.BPF_JMP32
+_OP_CALL = n.BPF_CALL
 
 INSN = struct.Struct("<BBhi")
 
@@ -174,10 +178,10 @@ def reusable(program: bytes) -> str | None:
         return "empty or truncated program"
     for i in range(0, len(program), INSN.size):
         code = program[i]
-        cls = code & 0x07
+        cls = code & 0x07           # BPF_CLASS(code) (a function-like macro: not from cffi)
         if code == _LD_IMM64:
             return "uses 64-bit immediates (maps)"
-        if cls in (_CLASS_JMP, _CLASS_JMP32) and (code & 0xF0) == _OP_CALL:
+        if cls in (_CLASS_JMP, _CLASS_JMP32) and (code & 0xF0) == _OP_CALL:   # BPF_OP(code)
             return "calls helpers or functions"
         if code == _TAIL_CALL:
             return "uses tail calls"

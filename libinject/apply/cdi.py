@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
+from libinject.constants import SAFE_PATH
+from libinject.linux import atomic
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
 
@@ -38,7 +40,7 @@ DEFAULT_CLASS = "gpu"
 DEFAULT_KIND = f"{DEFAULT_VENDOR}/{DEFAULT_CLASS}"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 STRATEGIES = ("index", "uuid", "type-index")
-HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+HOOK_ENV = (f"PATH={SAFE_PATH}",)
 HOOK_STAGE = "createContainer"
 # nvidia-ctk does the same: a container that got its GPUs by CDI must not get them again
 # from a legacy hook that is also installed.
@@ -374,30 +376,15 @@ def format_of(path: str, default: str = "json") -> str:
 
 
 def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
-    """Write path through a temp file in the same directory + rename: a runtime
-    scanning the spec dir never sees a half-written spec."""
+    """Write a spec atomically (libinject.linux.atomic): a runtime scanning the spec
+    dir never sees a half-written spec."""
     path = os.path.abspath(path)
-    d, base = os.path.split(path)
+    d = os.path.dirname(path)
     if not os.path.isdir(d):
         raise NvhookError(f"cannot write {path}: directory {d} does not exist")
-    tmp = os.path.join(d, f".{base}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        try:
-            os.fchmod(fd, mode)
-            view = data.encode()
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        atomic.write_atomic(path, data.encode(), mode)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise NvhookError(f"cannot write {path}: {e.strerror}") from None
 
 

@@ -23,9 +23,7 @@ from importlib import resources
 from typing import Any
 
 from libinject.apply import cdi
-
-HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
-               "poststop")
+from libinject.constants import OCI_HOOK_STAGES
 DEVICE_TYPES = ("", "b", "c", "u", "p")
 FIELDS = {
     "spec": {"cdiVersion", "kind", "annotations", "devices", "containerEdits"},
@@ -121,9 +119,9 @@ def _edits(e: Any, where: str, out: list[str]) -> None:
         if not isinstance(h, dict):
             continue
         _unknown(h, "hook", w, out)
-        if h.get("hookName") not in HOOK_STAGES:
+        if h.get("hookName") not in OCI_HOOK_STAGES:
             out.append(f"{w}: invalid hook name {h.get('hookName')!r} "
-                       f"(one of {', '.join(HOOK_STAGES)})")
+                       f"(one of {', '.join(OCI_HOOK_STAGES)})")
         path = h.get("path")
         if isinstance(path, str) and not posixpath.isabs(path):
             out.append(f"{w}: hook path {path!r} is not absolute")

@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from libinject.linux import mountinfo
 from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
 
@@ -90,33 +91,13 @@ class Undo:
 
 
 # -- finding the cgroup ----------------------------------------------------------------
-def _unescape(s: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    if "\\" not in s:
-        return s
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 4 <= len(s) and s[i + 1:i + 4].isdigit():
-            out.append(chr(int(s[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def cgroup_mounts(mountinfo: str) -> list[CgroupMount]:
-    mounts = []
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        f, r = left.split(), right.split()
-        if len(f) < 5 or len(r) < 3 or r[0] not in ("cgroup", "cgroup2"):
-            continue
-        ctrls = frozenset(r[2].split(",")) if r[0] == "cgroup" else frozenset()
-        mounts.append(CgroupMount(int(f[0]), _unescape(f[4]), _unescape(f[3]), r[0], ctrls))
-    return mounts
+def cgroup_mounts(mounts: str | list[mountinfo.Mount]) -> list[CgroupMount]:
+    """The cgroup hierarchies among `mounts` (parsed, or mountinfo text)."""
+    if isinstance(mounts, str):
+        mounts = mountinfo.parse(mounts)
+    return [CgroupMount(m.id, m.mountpoint, m.root, m.fstype,
+                        m.super_options if m.fstype == "cgroup" else frozenset())
+            for m in mounts if m.fstype in ("cgroup", "cgroup2")]
 
 
 def proc_cgroups(text: str) -> dict[str, str]:
@@ -183,8 +164,7 @@ def find_cgroup_dirs(pid: int, *, proc_root: str = "/proc",
     try:
         with open(f"{proc_root}/{pid}/cgroup") as f:
             cg = proc_cgroups(f.read())
-        with open(f"{proc_root}/self/mountinfo") as f:
-            mounts = cgroup_mounts(f.read())
+        mounts = cgroup_mounts(mountinfo.read(proc_root=proc_root))
     except FileNotFoundError:
         raise NvhookError(f"no such process: {pid}") from None
     visible = visible or _mount_visible(proc_root)

@@ -27,20 +27,18 @@ from __future__ import annotations
 import errno
 import gc
 import os
-import re
 import resource
-import select
-import signal
 import stat
-import time
 from typing import Callable, Sequence
 
-from libinject.linux import native
+from libinject.linux import mountinfo, native
+from libinject.linux.child import Child, collect
+from libinject.linux.privileges import cap_last_cap, limit_capabilities
+from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
-from libinject.apply.rootfs import RootFS, cap_last_cap, limit_capabilities, proc_fd
+from libinject.apply.rootfs import RootFS
 
 CONF_DIR = "/etc/ld.so.conf.d"
-AT_FDCWD = -100
 KERNEL_FS = {"proc", "sysfs", "debugfs", "securityfs", "tracefs", "bpf", "cgroup", "cgroup2",
              "configfs", "efivarfs", "fusectl", "binfmt_misc", "hugetlbfs", "mqueue", "pstore"}
 TIMEOUT = 30.0
@@ -196,8 +194,7 @@ def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float
         try:
             native.setns(own_pidns, native.CLONE_NEWPID)
         except OSError as e:    # never expected; later forks would fail, so say so now
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            Child(pid).close()      # killed and reaped
             os.close(r)
             os.close(w)
             raise NvhookError(f"ldconfig sandbox: back to our pid namespace: "
@@ -225,42 +222,16 @@ def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float
 
 def _wait(pid: int, r: int, timeout: float) -> str | None:
     """Collect output and wait with a deadline; None when the child exited 0."""
-    pidfd = os.pidfd_open(pid)
-    buf = b""
-    deadline = time.monotonic() + timeout
     try:
-        open_r = True
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return f"timed out after {timeout:g}s"
-            rl, _, _ = select.select([pidfd] + ([r] if open_r else []), [], [], left)
-            if r in rl:
-                chunk = os.read(r, 65536)
-                if not chunk:
-                    open_r = False
-                elif len(buf) < 1 << 16:
-                    buf += chunk
-            if pidfd in rl and not (open_r and r in rl):
-                break
-        while open_r:  # drain what is left without blocking forever
-            rl, _, _ = select.select([r], [], [], 0.5)
-            if not rl:
-                break
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            buf += chunk
-        _, status = os.waitpid(pid, 0)
+        with Child(pid) as child:
+            code, (buf,) = collect(child, [r], timeout, limit=1 << 16)
+    except TimeoutError as e:
+        return str(e)
     finally:
-        os.close(pidfd)
         os.close(r)
-    if os.waitstatus_to_exitcode(status) == 0:
+    if code == 0:
         return None
     lines = [ln for ln in buf.decode(errors="replace").splitlines() if ln.strip()]
-    code = os.waitstatus_to_exitcode(status)
     detail = lines[-1] if lines else ""
     return f"exit status {code}" + (f": {detail}" if detail else "")
 
@@ -283,7 +254,7 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     # IPC namespaces of its own (the pid namespace came with the fork).
     native.unshare(native.CLONE_NEWNS | native.CLONE_NEWNET | native.CLONE_NEWIPC)
     native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
-    native.move_mount(tree, "", AT_FDCWD, "/", native.MOVE_MOUNT_F_EMPTY_PATH)
+    native.move_mount(tree, "", native.AT_FDCWD, "/", native.MOVE_MOUNT_F_EMPTY_PATH)
     os.fchdir(tree)
     native.pivot_root(".", ".")
     native.umount2(".", native.MNT_DETACH)
@@ -298,7 +269,7 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
             break
         for mp in left:
             try:
-                native.umount2(mp, native.MNT_DETACH | 0x8)  # UMOUNT_NOFOLLOW
+                native.umount2(mp, native.MNT_DETACH | native.UMOUNT_NOFOLLOW)
             except OSError:
                 pass
         left = _kernel_mounts(proc)
@@ -335,23 +306,7 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
 
 def _kernel_mounts(proc: int) -> list[str]:
     """Mount points of proc/sysfs/... in our (pivoted) namespace, deepest first."""
-    out = []
-    fd = os.open("self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    for line in b"".join(chunks).decode(errors="surrogateescape").splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] not in KERNEL_FS:
-            continue
-        mp = fields[4]
-        if "\\" in mp:
-            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mp)
-        if mp != "/":
-            out.append(mp)
+    out = [m.mountpoint for m in mountinfo.read(proc_fd=proc)
+           if m.fstype in KERNEL_FS and m.mountpoint != "/"]
     return sorted(out, key=lambda p: -p.count("/"))
 

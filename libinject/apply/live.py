@@ -21,17 +21,20 @@ import gc
 import json
 import os
 import select
-import signal
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
+
+import prctl
 
 from libinject.linux import native
+from libinject.linux.child import Child
+from libinject.linux.privileges import limit_capabilities
+from libinject.linux.proc import proc_fd
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from libinject.apply.rootfs import (Journal, RootFS, fs_type, limit_capabilities, mount_attrs, open_host,
-                              openat2, proc_fd, split)
+from libinject.apply.rootfs import Journal, RootFS, fs_type, mount_attrs, open_host, openat2, split
 
 TIMEOUT = 120.0
 LIB_OPTS = ("ro", "nosuid", "nodev")
@@ -64,13 +67,11 @@ def _preload(edits: ContainerEdits) -> None:
     """Import what the worker needs before forking: importing in a fresh fork costs
     several times more (every page the import machinery writes is copied), and after
     setns the container's namespace may not show this Python's files at all."""
-    import prctl  # noqa: F401
     if edits.ldconfig_folders or edits.cuda_compat:
         from libinject.apply import ldconfig  # noqa: F401
 
 
 def _caps_kept() -> set[int]:
-    import prctl
     return {prctl.CAP_SYS_ADMIN, prctl.CAP_SYS_CHROOT, prctl.CAP_CHOWN, prctl.CAP_FOWNER,
             prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ_SEARCH, prctl.CAP_SETUID,
             prctl.CAP_SETGID, prctl.CAP_SETPCAP, prctl.CAP_KILL}
@@ -141,45 +142,26 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
     os.close(cmd_r)
     if nsfd is not None:
         os.close(nsfd)
-    reader = _Reader(rep_r)
-    undo = None
+    watched = Child(child)
+    reader = _Reader(rep_r, watched)
     try:
-        report = reader.get(timeout, child)
+        report = reader.get(timeout)
         _marks.extend((str(n), float(t)) for n, t in report.get("marks", ()))
         _mark("report")
         if not report.get("ok"):
             raise NvhookError(report.get("error", "apply failed"))
-        if report.get("committed"):
-            _mark("commit")
-            return list(report.get("mounts", []))
-        if cgroup_step:
-            try:
-                from libinject.apply import cgroups
-                undo = cgroups.allow_devices(pid, edits.cgroup_rules)
-            except Exception as e:  # noqa: BLE001 - any failure rolls the mounts back
-                os.write(cmd_w, b"rollback\n")
-                back = reader.get(timeout, child)
-                extra = f" ({back['error']})" if not back.get("ok") else ""
-                msg = str(e) if isinstance(e, NvhookError) else f"{type(e).__name__}: {e}"
-                raise NvhookError(f"cgroup device rules: {msg}{extra}") from None
-            _mark("cgroups")
-        os.write(cmd_w, b"commit\n")
-        done = reader.get(timeout, child)
-        if not done.get("ok"):
-            raise NvhookError(done.get("error", "apply failed"))
+        mounts = list(report.get("mounts", []))
+        if not report.get("committed"):
+            _cgroups_then_commit(_WorkerTx(cmd_w, reader, timeout), edits, pid, cgroup_step)
         _mark("commit")
-        return list(report.get("mounts", []))
-    except BaseException:
-        if undo is not None:
-            try:
-                undo.undo()
-            except Exception:  # noqa: BLE001 - the original error is the one to show
-                pass
-        raise
+        return mounts
     finally:
+        # A worker still waiting for its verdict reads EOF and rolls back: give it the
+        # time (its report pipe still open, so it can say so), then kill if need be.
         os.close(cmd_w)
+        watched.wait(timeout)
+        watched.close()
         reader.close()
-        _reap(child)
         _mark("reap")
         _flush()
 
@@ -194,15 +176,15 @@ def _flush() -> None:
 class _Reader:
     """JSON lines from the child, with a deadline; a dead or hung child is an error."""
 
-    def __init__(self, fd: int):
-        self.fd, self.buf = fd, b""
+    def __init__(self, fd: int, child: Child):
+        self.fd, self.child, self.buf = fd, child, b""
 
-    def get(self, timeout: float, child: int) -> dict:
+    def get(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                os.kill(child, signal.SIGKILL)
+                self.child.kill()
                 raise NvhookError(f"applying edits timed out after {timeout:g}s; "
                                   "the container may be left partly configured")
             r, _, _ = select.select([self.fd], [], [], left)
@@ -218,13 +200,6 @@ class _Reader:
         os.close(self.fd)
 
 
-def _reap(child: int) -> None:
-    try:
-        os.waitpid(child, 0)
-    except ChildProcessError:
-        pass
-
-
 def _send(fd: int, msg: dict) -> None:
     data = (json.dumps(msg) + "\n").encode()
     while data:
@@ -235,27 +210,21 @@ def _send(fd: int, msg: dict) -> None:
 def _child(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
            rep: int, cmd: int, wait: bool = True) -> int:  # pragma: no cover - runs in the child
     journal = Journal()
-    err = None
     _marks.clear()
     _mark("fork")
     os.umask(0o022)
     try:
-        _work(edits, rootfs, nsfd, ldconfig, journal)
-    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
-        err = _error_line(e)
-    if err is not None:
-        left = journal.rollback()
-        if left:
-            err += f" (undo incomplete: {'; '.join(left)})"
-        _send(rep, {"ok": False, "error": err, "marks": _marks})
+        _attempt(edits, rootfs, nsfd, ldconfig, journal)
+    except NvhookError as e:    # rolled back; reported to the parent as one line
+        _send(rep, {"ok": False, "error": str(e), "marks": _marks})
         return 1
     if not wait:
         mounts = list(journal.mounts)
         journal.commit()
         _send(rep, {"ok": True, "mounts": mounts, "committed": True, "marks": _marks})
         return 0
-    _send(rep, {"ok": True, "mounts": journal.mounts, "marks": _marks})
     try:
+        _send(rep, {"ok": True, "mounts": journal.mounts, "marks": _marks})
         verdict = os.read(cmd, 64).strip()
     except OSError:
         verdict = b""
@@ -268,7 +237,10 @@ def _child(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
     # left to undo them) while the mounts go: the runtime fails the container start
     # on the hook's death, so the rules die with that container's cgroup.
     left = journal.rollback()
-    _send(rep, {"ok": not left, "error": f"undo incomplete: {'; '.join(left)}"})
+    try:
+        _send(rep, {"ok": not left, "left": left})
+    except OSError:
+        pass
     return 0
 
 
@@ -297,6 +269,96 @@ def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
         root.close()
 
 
+def _attempt(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
+             journal: Journal) -> None:
+    """_work, all or nothing: on failure everything done is undone (in the namespace
+    it was done in: umount2 only detaches mounts of the caller's own) and NvhookError
+    raised, one line, naming what could not be undone."""
+    try:
+        _work(edits, rootfs, nsfd, ldconfig, journal)
+    except Exception as e:  # noqa: BLE001 - one line, after the undo
+        err = _error_line(e)
+        raise NvhookError(err + _undo_note(journal.rollback())) from None
+    except BaseException:
+        journal.rollback()
+        raise
+
+
+def _undo_note(left: list[str]) -> str:
+    return f" (undo incomplete: {'; '.join(left)})" if left else ""
+
+
+class _Transaction(Protocol):
+    """Applied mounts, not yet final: roll back (returns what could not be undone)
+    or commit."""
+
+    def rollback(self) -> list[str]: ...
+
+    def commit(self) -> None: ...
+
+
+class _WorkerTx:
+    """The worker's journal, through its pipes."""
+
+    def __init__(self, cmd: int, reader: _Reader, timeout: float):
+        self.cmd, self.reader, self.timeout = cmd, reader, timeout
+
+    def rollback(self) -> list[str]:
+        os.write(self.cmd, b"rollback\n")
+        back = self.reader.get(self.timeout)
+        return [] if back.get("ok") else [str(x) for x in back.get("left") or ("rollback failed",)]
+
+    def commit(self) -> None:
+        os.write(self.cmd, b"commit\n")
+        done = self.reader.get(self.timeout)
+        if not done.get("ok"):
+            raise NvhookError(done.get("error", "apply failed"))
+
+
+class _HereTx:
+    """This process's own journal (apply(worker=False)): rollback in the container's
+    mount namespace (`enter`), then back to ours (`leave`)."""
+
+    def __init__(self, journal: Journal, enter: Callable[[], None], leave: Callable[[], None]):
+        self.journal, self.enter, self.leave = journal, enter, leave
+
+    def rollback(self) -> list[str]:
+        self.enter()
+        try:
+            return self.journal.rollback()
+        finally:
+            self.leave()
+
+    def commit(self) -> None:
+        self.journal.commit()
+
+
+def _cgroups_then_commit(tx: _Transaction, edits: ContainerEdits, pid: int | None,
+                         cgroup_step: bool) -> None:
+    """How every apply ends: the cgroup step, here in the caller's mount namespace (it
+    needs the host's view of the cgroup tree), then commit. A failed cgroup step
+    rolls the mounts back; a failed commit undoes the cgroup step."""
+    undo = None
+    if cgroup_step:
+        try:
+            from libinject.apply import cgroups
+            undo = cgroups.allow_devices(pid, edits.cgroup_rules)  # type: ignore[arg-type]
+        except Exception as e:  # noqa: BLE001 - any failure rolls the mounts back
+            left = tx.rollback()
+            msg = str(e) if isinstance(e, NvhookError) else f"{type(e).__name__}: {e}"
+            raise NvhookError(f"cgroup device rules: {msg}{_undo_note(left)}") from None
+        _mark("cgroups")
+    try:
+        tx.commit()
+    except BaseException:
+        if undo is not None:
+            try:
+                undo.undo()
+            except Exception:  # noqa: BLE001 - the original error is the one to show
+                pass
+        raise
+
+
 def _error_line(e: Exception) -> str:
     if isinstance(e, NvhookError):
         return str(e)
@@ -321,37 +383,19 @@ def _apply_here(edits: ContainerEdits, rootfs: str, pid: int | None, nsfd: int |
             native.setns(home, native.CLONE_NEWNS)
             os.fchdir(cwd)  # type: ignore[arg-type]
 
+    def enter() -> None:
+        if nsfd is not None:
+            native.setns(nsfd, native.CLONE_NEWNS)
+
     os.umask(0o022)
     try:
         try:
-            _work(edits, rootfs, nsfd, ldconfig, journal)
-        except Exception as e:  # noqa: BLE001 - one line, after the undo
-            err = _error_line(e)
-            left = journal.rollback()       # in the container's namespace: umount2
-            go_home()                       # only detaches mounts of the caller's own
-            if left:
-                err += f" (undo incomplete: {'; '.join(left)})"
-            raise NvhookError(err) from None
-        except BaseException:
-            journal.rollback()
+            _attempt(edits, rootfs, nsfd, ldconfig, journal)    # enters nsfd's namespace
+        finally:
             go_home()
-            raise
-        go_home()
         _mark("report")
-        if cgroup_step:
-            try:
-                from libinject.apply import cgroups
-                cgroups.allow_devices(pid, edits.cgroup_rules)  # type: ignore[arg-type]
-            except Exception as e:  # noqa: BLE001 - any failure rolls the mounts back
-                native.setns(nsfd, native.CLONE_NEWNS)  # type: ignore[arg-type]
-                left = journal.rollback()
-                go_home()
-                extra = f" (undo incomplete: {'; '.join(left)})" if left else ""
-                msg = str(e) if isinstance(e, NvhookError) else f"{type(e).__name__}: {e}"
-                raise NvhookError(f"cgroup device rules: {msg}{extra}") from None
-            _mark("cgroups")
         mounts = list(journal.mounts)
-        journal.commit()
+        _cgroups_then_commit(_HereTx(journal, enter, go_home), edits, pid, cgroup_step)
         return mounts
     finally:
         for fd in (home, cwd):

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from libinject.linux import native
+from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
 
-AT_FDCWD = -100
 RESOLVE = native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS
-UMOUNT_NOFOLLOW = 0x8
 
 # mount options (as in MountEdit.options) -> mount_setattr attributes
 _ATTRS = {
@@ -35,19 +34,6 @@ _ATTRS = {
 }
 _NO_ATTR = {"rw", "bind", "rbind", "suid", "dev", "exec", "private", "rprivate", "slave",
             "rslave", "shared", "rshared"}
-
-
-_PROC_FD: int | None = None
-
-
-def proc_fd() -> int:
-    """An fd of the host's /proc, opened once. Take it before entering a container's
-    mount namespace: there /proc may be the container's procfs (another pid namespace,
-    so no /proc/self) or absent, yet we still need our own /proc/self/fd and mountinfo."""
-    global _PROC_FD
-    if _PROC_FD is None:
-        _PROC_FD = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    return _PROC_FD
 
 
 def umount_fd(mnt_fd: int) -> None:
@@ -127,7 +113,7 @@ def open_host(path: str, *, recursive: bool = False) -> tuple[int, os.stat_resul
     if not path.startswith("/"):
         raise OSError(errno.EINVAL, "host source path must be absolute", path)
     try:
-        pfd = openat2(AT_FDCWD, path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
+        pfd = openat2(native.AT_FDCWD, path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
                       native.RESOLVE_NO_SYMLINKS | native.RESOLVE_NO_MAGICLINKS)
     except OSError as e:
         if e.errno == errno.ELOOP:
@@ -691,38 +677,3 @@ class RootFS:
             raise
         return mfd
 
-
-# -- privileges --------------------------------------------------------------------
-_CAP_LAST_CAP: int | None = None
-
-
-def cap_last_cap() -> int:
-    """The highest capability this kernel knows (read once per process)."""
-    global _CAP_LAST_CAP
-    if _CAP_LAST_CAP is None:
-        import prctl
-        try:
-            with open("sys/kernel/cap_last_cap", opener=lambda p, f: os.open(p, f, dir_fd=proc_fd())) as fh:
-                _CAP_LAST_CAP = int(fh.read())
-        except OSError:
-            return max(prctl.ALL_CAPS)
-    return _CAP_LAST_CAP
-
-
-def limit_capabilities(keep: set[int] | frozenset[int], *, last_cap: int | None = None) -> None:
-    """Keep only `keep` in the effective, permitted and bounding sets of this process
-    (and clear inheritable), so what runs later in this process cannot use the rest."""
-    import prctl  # python-prctl
-
-    if last_cap is None:
-        last_cap = cap_last_cap()
-    for cap in range(last_cap + 1):
-        if cap not in keep:
-            try:
-                prctl.capbset_drop(cap)
-            except (OSError, ValueError):
-                pass
-    # One capset(2) for all three sets (prctl's per-set limit() is three round trips).
-    drop = [c for c in prctl.ALL_CAPS if c not in keep]
-    prctl.set_caps((drop, (prctl.CAP_EFFECTIVE, prctl.CAP_PERMITTED), False),
-                   (list(prctl.ALL_CAPS), prctl.CAP_INHERITABLE, False))

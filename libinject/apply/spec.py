@@ -22,10 +22,8 @@ import posixpath
 import stat
 from typing import Any, Iterable
 
+from libinject.constants import OCI_HOOK_STAGES
 from libinject.errors import NvhookError
-
-HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
-               "poststop")
 
 
 def apply_cdi(config: dict[str, Any], edits_list: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -59,14 +57,6 @@ def apply_cdi(config: dict[str, Any], edits_list: Iterable[dict[str, Any]]) -> d
                 if gid not in gids:
                     gids.append(gid)
     return config
-
-
-def apply_edits(config: dict[str, Any], edits, hook) -> dict[str, Any]:
-    """Apply planner ContainerEdits (libinject.plan.edits) with hooks run as `hook`
-    (a libinject.apply.cdi.HookOptions)."""
-    from libinject.apply import cdi
-
-    return apply_cdi(config, [cdi.to_cdi(edits, hook, procfs=bool(edits.procfs and hook.procfs_dir))])
 
 
 def _env(config: dict[str, Any], env: Iterable[str]) -> None:
@@ -147,7 +137,7 @@ def _sort_mounts(config: dict[str, Any]) -> None:
 
 def _hook(config: dict[str, Any], h: dict[str, Any]) -> None:
     stage = h["hookName"]
-    if stage not in HOOK_STAGES:
+    if stage not in OCI_HOOK_STAGES:
         raise NvhookError(f"unknown hook name {stage!r}")
     oci: dict[str, Any] = {"path": h["path"]}
     for k in ("args", "env"):

@@ -14,13 +14,23 @@ mount namespace of its own and loads the library from there, so what the
 unprivileged child needs is read access to the driver root's own files only (real
 drivers: world-readable libraries, /dev/nvidiactl 0666).
 
-The child imports nothing from libinject (start-up time, and a smaller surface).
+Of libinject the child imports only the OS layer (libinject.linux: privileges,
+native), not the rest (start-up time, and a smaller surface).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+
+if __name__ == "__main__":
+    # Run as a script (query()): -I leaves this file's package off sys.path, and the
+    # environment (PYTHONPATH) is ignored. The tree this file is in comes first, so
+    # the libinject imported is the one this file belongs to.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from libinject.constants import SAFE_PATH  # noqa: E402
+from libinject.linux import native, privileges  # noqa: E402
 
 # nvidia-container-cli's names for nvmlBrandType_t (src/driver.c).
 BRANDS = {
@@ -47,43 +57,20 @@ def architecture(cc: tuple[int, int]) -> str:
 def _drop_privileges(user: tuple[int, int] | None = None) -> None:
     """Become `user` (if given), then no-new-privs and empty bounding, ambient,
     effective, permitted and inheritable capability sets."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if user is not None:
-        os.setgroups([])
-        os.setresgid(user[1], user[1], user[1])
-        os.setresuid(user[0], user[0], user[0])
-    PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 24, 47, 4
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    if os.geteuid() == 0:
-        for cap in range(64):
-            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
-                break  # EINVAL: past the last capability the kernel knows
-    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = (ctypes.c_uint32 * 6)()              # two {effective, permitted, inheritable}
-    if libc.capset(hdr, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
+    privileges.drop_all(user)
 
 
 def _expose_root(root: str, libpath: str) -> str:
     """Bind the driver root over /tmp in a private mount namespace (we are still
     root) and return the library's path there. Nothing reaches the host's mounts."""
-    import ctypes
+    import errno
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x1000, 0x4000, 1 << 18
     rel = os.path.relpath(libpath, root)
     if rel.startswith(".."):
-        raise OSError(22, f"{libpath} is not under the driver root {root}")
-    if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-    if libc.mount(root.encode(), b"/tmp", None, MS_BIND | MS_REC, None) != 0:
-        raise OSError(ctypes.get_errno(), f"bind {root}")
+        raise OSError(errno.EINVAL, f"{libpath} is not under the driver root {root}")
+    native.unshare(native.CLONE_NEWNS)
+    native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
+    native.mount(root, "/tmp", None, native.MS_BIND | native.MS_REC)
     return os.path.join("/tmp", rel)
 
 
@@ -199,40 +186,27 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
           env: dict[str, str] | None = None):
     """DriverInfo from NVML at `libpath` (a host path inside `root`), via a child process
     running as `user` (default DEFAULT_USER) without capabilities."""
-    import signal
-    import subprocess
-
-    from libinject.discover import model
     from libinject.errors import NvhookError
+    from libinject.linux import child   # the parent's only: not loaded in the NVML child
 
-    child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    child_env = {"PATH": SAFE_PATH, "LC_ALL": "C"}
     child_env.update(env or {})
     if user is None:
         user = DEFAULT_USER
     argv = [sys.executable, "-I", os.path.abspath(__file__), libpath,
             str(int(user[0])), str(int(user[1])), os.path.abspath(root)]
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=child_env, cwd="/", close_fds=True, start_new_session=True)
+        code, out, err = child.run(argv, timeout=timeout, env=child_env, cwd="/")
+    except TimeoutError:
+        raise NvhookError(f"NVML on driver root {root} did not answer within {timeout:g}s (driver hung?)") from None
     except OSError as e:
         raise NvhookError(f"NVML on driver root {root}: cannot start query process: {e.strerror}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        raise NvhookError(f"NVML on driver root {root} did not answer within {timeout:g}s (driver hung?)") from None
     try:
         data = json.loads(out or b"null")
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        last = (err.decode(errors="replace").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        last = (err.decode(errors="replace").strip().splitlines() or [f"exit status {code}"])[-1]
         raise NvhookError(f"NVML on driver root {root} failed: {last}")
     if "error" in data:
         raise NvhookError(f"NVML on driver root {root} failed: {data['error']}")

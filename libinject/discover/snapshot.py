@@ -22,8 +22,11 @@ import json
 import os
 import stat
 
+from libinject.constants import SNAPSHOT_DIR
+from libinject.linux import atomic
+
 FORMAT = 1
-DEFAULT_DIR = "/run/nvhook/snapshots"
+DEFAULT_DIR = SNAPSHOT_DIR
 _SMALL = 1 << 16
 
 
@@ -168,23 +171,20 @@ def save(path: str, key: str, driver) -> bool:
     """Writes atomically; False (and nothing left behind) if the dir is not usable."""
     import dataclasses
 
-    directory = os.path.dirname(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    directory = os.path.dirname(path) or "."
+    data = (key + "\n" + json.dumps(dataclasses.asdict(driver))).encode()
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        if not _trusted(os.lstat(directory)):
-            return False
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key + "\n")
-            json.dump(dataclasses.asdict(driver), f)
-        os.rename(tmp, path)
+        # Checked through the fd it is written through (never a symlink).
+        dfd = atomic.open_dir(directory)
+        try:
+            if not _trusted(os.fstat(dfd)):
+                return False
+            atomic.write_at(dfd, os.path.basename(path), data, 0o600)
+        finally:
+            os.close(dfd)
         return True
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
 
 

@@ -1,1 +1,2 @@
-"""The thin OS layer: native syscalls (cffi), bounded reads, mountinfo, privileges, children with deadlines, atomic writes."""
+"""The thin OS layer: native syscalls and kernel constants (cffi), bounded reads, the host's
+/proc, mountinfo, privileges, children with deadlines, atomic writes."""

@@ -9,51 +9,87 @@ from typing import Sequence
 
 from libinject.linux._native import ffi, lib  # type: ignore[import-not-found]
 
-# mount(2) flags
-MS_RDONLY = 0x1
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
-MS_NOEXEC = 0x8
-MS_REMOUNT = 0x20
-MS_BIND = 0x1000
-MS_MOVE = 0x2000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
-MS_SLAVE = 1 << 19
-MS_SHARED = 1 << 20
-MNT_DETACH = 0x2
-# setns/unshare
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-# openat2 resolve flags
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-# open_tree / move_mount / mount_setattr
-OPEN_TREE_CLONE = 1
-OPEN_TREE_CLOEXEC = os.O_CLOEXEC
-AT_EMPTY_PATH = 0x1000
-AT_RECURSIVE = 0x8000
-AT_SYMLINK_NOFOLLOW = 0x100
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
-MOVE_MOUNT_T_EMPTY_PATH = 0x40
-MOUNT_ATTR_RDONLY = 0x1
-MOUNT_ATTR_NOSUID = 0x2
-MOUNT_ATTR_NODEV = 0x4
-MOUNT_ATTR_NOEXEC = 0x8
-# bpf
-BPF_PROG_TYPE_CGROUP_DEVICE = 15
-BPF_CGROUP_DEVICE = 6
-BPF_F_ALLOW_OVERRIDE = 1
-BPF_F_ALLOW_MULTI = 2
-BPF_F_REPLACE = 4
+# Kernel constants: the values of the C headers, compiled in by cffi (csrc/native.h
+# declares each as `#define X ...`); never copied here by hand.
+# mount(2), umount2(2)
+MS_RDONLY: int = lib.MS_RDONLY
+MS_NOSUID: int = lib.MS_NOSUID
+MS_NODEV: int = lib.MS_NODEV
+MS_NOEXEC: int = lib.MS_NOEXEC
+MS_REMOUNT: int = lib.MS_REMOUNT
+MS_BIND: int = lib.MS_BIND
+MS_MOVE: int = lib.MS_MOVE
+MS_REC: int = lib.MS_REC
+MS_PRIVATE: int = lib.MS_PRIVATE
+MS_SLAVE: int = lib.MS_SLAVE
+MS_SHARED: int = lib.MS_SHARED
+MNT_DETACH: int = lib.MNT_DETACH
+UMOUNT_NOFOLLOW: int = lib.UMOUNT_NOFOLLOW
+# setns(2), unshare(2)
+CLONE_NEWNS: int = lib.CLONE_NEWNS
+CLONE_NEWCGROUP: int = lib.CLONE_NEWCGROUP
+CLONE_NEWUTS: int = lib.CLONE_NEWUTS
+CLONE_NEWIPC: int = lib.CLONE_NEWIPC
+CLONE_NEWUSER: int = lib.CLONE_NEWUSER
+CLONE_NEWPID: int = lib.CLONE_NEWPID
+CLONE_NEWNET: int = lib.CLONE_NEWNET
+# openat2(2) resolve flags
+RESOLVE_NO_XDEV: int = lib.RESOLVE_NO_XDEV
+RESOLVE_NO_MAGICLINKS: int = lib.RESOLVE_NO_MAGICLINKS
+RESOLVE_NO_SYMLINKS: int = lib.RESOLVE_NO_SYMLINKS
+RESOLVE_BENEATH: int = lib.RESOLVE_BENEATH
+RESOLVE_IN_ROOT: int = lib.RESOLVE_IN_ROOT
+# *at() flags
+AT_FDCWD: int = lib.AT_FDCWD
+AT_EMPTY_PATH: int = lib.AT_EMPTY_PATH
+AT_RECURSIVE: int = lib.AT_RECURSIVE
+AT_SYMLINK_NOFOLLOW: int = lib.AT_SYMLINK_NOFOLLOW
+# open_tree, move_mount, mount_setattr, fsopen/fsconfig/fsmount
+OPEN_TREE_CLONE: int = lib.OPEN_TREE_CLONE
+OPEN_TREE_CLOEXEC: int = lib.OPEN_TREE_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH: int = lib.MOVE_MOUNT_F_EMPTY_PATH
+MOVE_MOUNT_T_EMPTY_PATH: int = lib.MOVE_MOUNT_T_EMPTY_PATH
+MOUNT_ATTR_RDONLY: int = lib.MOUNT_ATTR_RDONLY
+MOUNT_ATTR_NOSUID: int = lib.MOUNT_ATTR_NOSUID
+MOUNT_ATTR_NODEV: int = lib.MOUNT_ATTR_NODEV
+MOUNT_ATTR_NOEXEC: int = lib.MOUNT_ATTR_NOEXEC
+FSOPEN_CLOEXEC: int = lib.FSOPEN_CLOEXEC
+FSCONFIG_SET_FLAG: int = lib.FSCONFIG_SET_FLAG
+FSCONFIG_SET_STRING: int = lib.FSCONFIG_SET_STRING
+FSCONFIG_CMD_CREATE: int = lib.FSCONFIG_CMD_CREATE
+FSMOUNT_CLOEXEC: int = lib.FSMOUNT_CLOEXEC
+# statfs(2) f_type
+PROC_SUPER_MAGIC: int = lib.PROC_SUPER_MAGIC
+SYSFS_MAGIC: int = lib.SYSFS_MAGIC
+TMPFS_MAGIC: int = lib.TMPFS_MAGIC
+# bpf(2)
+BPF_PROG_TYPE_CGROUP_DEVICE: int = lib.BPF_PROG_TYPE_CGROUP_DEVICE
+BPF_CGROUP_DEVICE: int = lib.BPF_CGROUP_DEVICE
+BPF_F_ALLOW_OVERRIDE: int = lib.BPF_F_ALLOW_OVERRIDE
+BPF_F_ALLOW_MULTI: int = lib.BPF_F_ALLOW_MULTI
+BPF_F_REPLACE: int = lib.BPF_F_REPLACE
+BPF_DEVCG_DEV_BLOCK: int = lib.BPF_DEVCG_DEV_BLOCK
+BPF_DEVCG_DEV_CHAR: int = lib.BPF_DEVCG_DEV_CHAR
+BPF_DEVCG_ACC_MKNOD: int = lib.BPF_DEVCG_ACC_MKNOD
+BPF_DEVCG_ACC_READ: int = lib.BPF_DEVCG_ACC_READ
+BPF_DEVCG_ACC_WRITE: int = lib.BPF_DEVCG_ACC_WRITE
+BPF_LD: int = lib.BPF_LD
+BPF_LDX: int = lib.BPF_LDX
+BPF_ALU: int = lib.BPF_ALU
+BPF_JMP: int = lib.BPF_JMP
+BPF_JMP32: int = lib.BPF_JMP32
+BPF_W: int = lib.BPF_W
+BPF_DW: int = lib.BPF_DW
+BPF_IMM: int = lib.BPF_IMM
+BPF_MEM: int = lib.BPF_MEM
+BPF_K: int = lib.BPF_K
+BPF_X: int = lib.BPF_X
+BPF_AND: int = lib.BPF_AND
+BPF_RSH: int = lib.BPF_RSH
+BPF_MOV: int = lib.BPF_MOV
+BPF_JNE: int = lib.BPF_JNE
+BPF_CALL: int = lib.BPF_CALL
+BPF_EXIT: int = lib.BPF_EXIT
 
 
 def _check(ret: int, what: str, path: str | None = None) -> int:
@@ -107,17 +143,6 @@ def mount_setattr(dirfd: int, path: str, flags: int, attr_set: int, attr_clr: in
                   propagation: int = 0) -> None:
     _check(lib.nv_mount_setattr(dirfd, path.encode(), flags, attr_set, attr_clr, propagation),
            "mount_setattr", path)
-
-
-# fsopen / fsconfig / fsmount (new mount API) and statfs magic numbers
-FSOPEN_CLOEXEC = 0x1
-FSCONFIG_SET_FLAG = 0
-FSCONFIG_SET_STRING = 1
-FSCONFIG_CMD_CREATE = 6
-FSMOUNT_CLOEXEC = 0x1
-PROC_SUPER_MAGIC = 0x9FA0
-SYSFS_MAGIC = 0x62656572
-TMPFS_MAGIC = 0x01021994
 
 
 def fsopen(fsname: str, flags: int = FSOPEN_CLOEXEC) -> int:

@@ -1,0 +1,16 @@
+"""The host's /proc, opened once per process."""
+from __future__ import annotations
+
+import os
+
+_PROC_FD: int | None = None
+
+
+def proc_fd() -> int:
+    """An fd of the host's /proc, opened once. Take it before entering a container's
+    mount namespace: there /proc may be the container's procfs (another pid namespace,
+    so no /proc/self) or absent, yet we still need our own /proc/self/fd and mountinfo."""
+    global _PROC_FD
+    if _PROC_FD is None:
+        _PROC_FD = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return _PROC_FD
