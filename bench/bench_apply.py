@@ -245,7 +245,8 @@ def main() -> int:
         sys.path.insert(0, args.impl)
 
     from libinject.discover.driver import discover
-    from libinject.plan.planner import container_lib_dirs, plan
+    from libinject.discover.libraries import container_lib_dirs
+    from libinject.plan.planner import plan
     from libinject.request.model import Request
     from libinject.sim.build import create_host
     from libinject.sim.rootfs import build_rootfs

@@ -34,10 +34,12 @@ def _join(values: list[str] | None) -> str | None:
 
 
 def items(driver, args: argparse.Namespace) -> list[dict]:
-    """What `list` shows, in order: dicts with kind, path (inside the root), host_path."""
+    """What `list` shows, in order: dicts with kind, path (inside the root), host_path.
+    Devices are rendered from libinject.plan.select's Selection, the planner's own answer."""
     from libinject.discover import libraries as L
     from libinject.plan import select as S
-    from libinject.discover.driver import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
+    from libinject.plan.planner import ipc_socket
+    from libinject.constants import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
 
     devices, mig_config, mig_monitor = _join(args.device), _join(args.mig_config), _join(args.mig_monitor)
     imex = _join(args.imex_channel)
@@ -48,11 +50,7 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
     if args.no_gsp_firmware:
         fw = False
 
-    info = driver.info
-    selected = S.select(info, devices) if devices is not None else []
-    cfg_gpus = S.mig_caps_gpus(mig_config, devices, selected, "mig-config")
-    mon_gpus = S.mig_caps_gpus(mig_monitor, devices, selected, "mig-monitor")
-    channels = S.imex_channels(driver, imex)
+    sel = S.resolve(driver, devices, mig_config=mig_config, mig_monitor=mig_monitor, imex=imex)
     caps = {n.minor: n for n in driver.cap_devices}
     minors = driver.mig_minors
     out: list[dict] = []
@@ -76,33 +74,29 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
         for n in driver.control_devices:
             node(n)
         nodes = {n.container_path: n for n in driver.gpu_devices}
-        for g in S.gpus_of(selected):
+        for g in sel.gpus:
             n = nodes.get(f"/dev/nvidia{g.minor}")
             if n:
                 node(n, kind="gpu-device", gpu=g.index, uuid=g.uuid)
-        if not cfg_gpus and not mon_gpus:
-            for g, m in S.migs_of(selected):
-                gi = f"{MIG_CAPS}/gpu{g.minor}/mig/gi{m.gi}"
-                ci = f"{gi}/ci{m.ci}"
-                who = {"gpu": g.index, "mig": m.index, "uuid": m.uuid}
-                proc(f"{gi}/access", **who)
-                proc(f"{ci}/access", **who)
-                cap_node(m.gi_access_minor, **who)
-                cap_node(m.ci_access_minor, **who)
-    for n in channels:
+        for g, m in sel.mig_access:
+            gi = f"{MIG_CAPS}/gpu{g.minor}/mig/gi{m.gi}"
+            ci = f"{gi}/ci{m.ci}"
+            who = {"gpu": g.index, "mig": m.index, "uuid": m.uuid}
+            proc(f"{gi}/access", **who)
+            proc(f"{ci}/access", **who)
+            cap_node(m.gi_access_minor, **who)
+            cap_node(m.ci_access_minor, **who)
+    for n in sel.imex:
         node(n, kind="imex-channel")
-    for gpus, what in ((cfg_gpus, "config"), (mon_gpus, "monitor")):
-        if not gpus:
-            continue
+    for what, gpus in sel.mig_caps:
         proc(f"{MIG_CAPS}/mig/{what}", mig=what)
         cap_node(minors.get(what), mig=what)
         for g in gpus:
             proc(f"{MIG_CAPS}/gpu{g.minor}/mig", mig=what, gpu=g.index)
             out.append({"kind": "mig-dir", "path": "/dev/nvidia-caps",
                         "host_path": driver.dev_root.rstrip("/") + "/dev/nvidia-caps", "mig": what})
-            for key, minor in minors.items():
-                if key.startswith(f"gpu{g.minor}/"):
-                    cap_node(minor, mig=what, gpu=g.index, name=key)
+            for key, minor in S.mig_minors_of(driver, g):
+                cap_node(minor, mig=what, gpu=g.index, name=key)
     if bins:
         for b in driver.binaries:
             out.append({"kind": "binary", "path": L.inside(driver.root, b.path), "host_path": b.path,
@@ -118,9 +112,9 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
                                 "extra": lib.extra})
     if ipcs:
         for f in driver.ipcs:
-            if args.no_persistenced and f.container_path == PERSISTENCED_SOCKET:
-                continue
-            if args.no_fabricmanager and f.container_path == FABRICMANAGER_SOCKET:
+            sock = ipc_socket(f.container_path)
+            if (args.no_persistenced and sock == PERSISTENCED_SOCKET
+                    or args.no_fabricmanager and sock == FABRICMANAGER_SOCKET):
                 continue
             out.append({"kind": "ipc", "path": L.inside(driver.root, f.path), "host_path": f.path,
                         "capability": f.capability})

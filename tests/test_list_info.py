@@ -10,7 +10,7 @@ import pytest
 
 from libinject.sim.profile import list_profiles
 from conftest import NVHOOK, run
-from test_discover import compile_lib, ldconfig, profile_of
+from support.simhost import compile_lib, ldconfig, profile_of
 
 PROFILES = list_profiles()
 ORDER_BINS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager",
@@ -34,8 +34,8 @@ def _gpus(prof: dict) -> list[dict]:
 
 
 def _minors(root: Path) -> dict[str, int]:
-    text = (root / "proc/driver/nvidia-caps/mig-minors").read_text()
-    return {k: int(v) for k, v in (line.split() for line in text.splitlines() if line.strip())}
+    from libinject.discover.driver import MIG_MINORS, read_mig_minors
+    return read_mig_minors(str(root / MIG_MINORS))
 
 
 def _cap(minors: dict[str, int], gpu_minor: int, gi: int, ci: int | None = None) -> str:
@@ -164,7 +164,7 @@ def test_mig_selection(sim_host, nvhook):
     assert lines[8:] == [f"/dev/nvidia-caps/nvidia-cap{v}" for k, v in minors.items() if k.startswith("gpu0/")]
     r = nvhook("--root", str(root), "list", "--device", "0:0", "--mig-monitor", "all")
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr == "nvhook: mig-monitor: cannot enable mig-monitor with specific MIG devices selected\n"
+    assert r.stderr == "nvhook: mig-monitor error: all: cannot enable mig-monitor with specific MIG devices selected\n"
 
 
 def test_imex_channels(fresh_sim_host, nvhook):

@@ -10,7 +10,8 @@ import pytest
 from libinject.plan.edits import CgroupRule, ContainerEdits
 from libinject.errors import NvhookError
 from libinject.discover.model import DeviceNode, Driver, DriverInfo, Gpu, HostFile, Library, MigDevice
-from libinject.plan.planner import Flags, container_lib_dirs, describe, plan
+from libinject.discover.libraries import container_lib_dirs
+from libinject.plan.planner import Flags, describe, plan
 from libinject.request.model import Request
 
 VER = "550.163.01"
@@ -36,12 +37,12 @@ def mk_gpu(i: int, mig: bool = False) -> Gpu:
                                ci_access_minor=101 + 10 * i + 2 * j) for j in range(2))
     return Gpu(index=i, minor=i, uuid=f"GPU-{i:08d}", name="NVIDIA A100-SXM4-80GB", brand="Tesla",
                bus_id=f"00000000:{0x07 + i:02X}:00.0", cc=(8, 0), architecture="Ampere",
-               memory_total=80 << 30, mig_enabled=mig, mig_devices=migs)
+               memory_total=80 << 30, mig_enabled=mig, mig_devices=migs, mig_capable=mig)
 
 
 def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
-    """A Driver as discovery would return it for `root`, with the few host files the
-    planner reads (procfs, nvidia-caps nodes) really there."""
+    """A Driver as discovery would return it for `root`, with the host files the plan
+    stage reads (procfs) really there."""
     gpus = tuple(mk_gpu(i, mig) for i in range(ngpus))
     proc = root / "proc/driver/nvidia"
     (proc / "gpus").mkdir(parents=True)
@@ -50,8 +51,6 @@ def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
     for g in gpus:
         (proc / "gpus" / g.procfs_name).mkdir()
         (proc / "gpus" / g.procfs_name / "information").write_text(f"Model: {g.name}\n")
-    caps = root / "dev/nvidia-caps"
-    caps.mkdir(parents=True)
     mig_minors = {"config": 1, "monitor": 2}
     for g in gpus:
         for m in g.mig_devices:
@@ -62,7 +61,6 @@ def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
                else f"capabilities/mig/{k}")
         (proc / rel).parent.mkdir(parents=True, exist_ok=True)
         (proc / rel).write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\n")
-        os.mknod(caps / f"nvidia-cap{minor}", 0o600 | 0o020000, os.makedev(CAPS_MAJOR, minor))
     libs = []
     for arch, d in (("x86-64", LIB), ("i386", LIB32)):
         for stem, so, cap in LIBS:
@@ -87,6 +85,8 @@ def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
         gpu_devices=tuple(dev(f"/dev/nvidia{g.minor}", 195, g.minor) for g in gpus),
         mig_minors=mig_minors,
         imex_channels=tuple(dev(f"/dev/nvidia-caps-imex-channels/channel{i}", 234, i) for i in range(3)),
+        # the planner takes cap node majors from discovery: no host node needed
+        cap_devices=tuple(dev(f"/dev/nvidia-caps/nvidia-cap{m}", CAPS_MAJOR, m) for m in sorted(mig_minors.values())),
         procfs_dir=str(proc),
     )
 
@@ -177,7 +177,8 @@ def test_capabilities(driver):
     none = plan(req(capabilities=frozenset()), driver)
     assert cpaths(none, "binary") == [] and cpaths(none, "ipc") == []
     assert [d.path for d in none.device_nodes] == ["/dev/nvidiactl"] + [f"/dev/nvidia{i}" for i in range(4)]
-    assert cpaths(none, "firmware")           # firmware does not depend on capabilities
+    # firmware does not depend on capabilities
+    assert cpaths(none, "firmware") == [f"/lib/firmware/nvidia/{VER}/gsp_ga10x.bin"]
     video = plan(req(capabilities=frozenset({"video"})), driver)
     assert names(video) == {f"{s}.so.{VER}" for s, _, c in LIBS if c in ("compute", "video")}
     assert cpaths(video, "binary") == []      # video: compute libraries, not compute binaries
@@ -244,7 +245,9 @@ def test_driver_only(driver):
     e = plan(req(devices="none"), driver)
     assert e.procfs.gpu_dirs == ()
     assert [d.path for d in e.device_nodes] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    assert names(e)
+    # the driver's files still come, as for any GPU
+    assert names(e) == {f"{s}.so.{VER}" for s, _, c in LIBS if c in ("utility", "compute")}
+    assert cpaths(e, "binary") == cpaths(plan(req(), driver), "binary")
 
 
 def test_requirements(driver):
@@ -284,14 +287,60 @@ def test_mig_selection(mig_driver):
 
 def test_mig_config_monitor(mig_driver):
     e = plan(req(devices="0", mig_config="all", mig_monitor="all"), mig_driver)
-    paths = [d.path for d in e.device_nodes]
-    assert "/dev/nvidia-caps/nvidia-cap1" in paths and "/dev/nvidia-caps/nvidia-cap2" in paths
+    assert [(d.path, d.kind) for d in e.device_nodes if d.kind in ("gpu", "mig")] == [
+        ("/dev/nvidia0", "gpu"), ("/dev/nvidia-caps/nvidia-cap1", "mig"), ("/dev/nvidia-caps/nvidia-cap2", "mig")]
     assert {"capabilities/mig/config", "capabilities/mig/monitor"} <= set(e.procfs.files)
     g0 = mig_driver.info.gpus[0]
-    for m in g0.mig_devices:      # config may use every MIG minor of the GPU
-        assert CgroupRule(CAPS_MAJOR, m.gi_access_minor) in e.cgroup_rules
-    g1 = mig_driver.info.gpus[1]
-    assert CgroupRule(CAPS_MAJOR, g1.mig_devices[0].gi_access_minor) not in e.cgroup_rules
+    # config may use every MIG minor of the GPU (cgroup only), and only that GPU's
+    g0_minors = sorted(m for g0m in g0.mig_devices for m in (g0m.gi_access_minor, g0m.ci_access_minor))
+    assert [r.minor for r in e.cgroup_rules if r.major == CAPS_MAJOR] == [1, 2] + g0_minors
+
+
+def test_mig_config_all_drops_mig_access(mig_driver):
+    """configure.c: with mig-config/monitor "all", the selected MIG devices' own access
+    caps are not given (the GPU-wide ones stand in), on MIG-capable visible GPUs only."""
+    e = plan(req(devices="all", mig_config="all"), mig_driver)
+    assert [d.path for d in e.device_nodes if d.kind == "mig"] == ["/dev/nvidia-caps/nvidia-cap1"]
+    assert not any("/gi" in f for f in e.procfs.files)
+    assert plan(req(devices="all", mig_config="all,0"), mig_driver) == e   # the list ends at "all"
+    plain = make_driver(Path(mig_driver.root).parent / "plain", ngpus=2)
+    e = plan(req(devices="all", mig_config="all"), plain)       # no MIG-capable GPU: nothing
+    assert [d.kind for d in e.device_nodes].count("mig") == 0
+    assert "capabilities/mig/config" not in e.procfs.files
+
+
+@pytest.mark.parametrize("devices,ids,msg", [
+    ("all", "0", "mig-config error: 0: only 'all' devices are currently supported"),
+    ("all", "0,all", "mig-config error: 0: only 'all' devices are currently supported"),
+    ("1:0", "all", "mig-config error: all: cannot enable mig-config with specific MIG devices selected"),
+])
+def test_mig_config_refused(mig_driver, devices, ids, msg):
+    with pytest.raises(NvhookError, match=f"^{msg}$"):
+        plan(req(devices=devices, mig_config=ids), mig_driver)
+    with pytest.raises(NvhookError, match="^" + msg.replace("config", "monitor") + "$"):
+        plan(req(devices=devices, mig_monitor=ids), mig_driver)
+
+
+def test_mig_cap_nodes_come_from_discovery(mig_driver):
+    """The planner stats nothing: a cap node discovery did not find is an error, even if
+    it exists on the host now."""
+    from dataclasses import replace
+    m = mig_driver.info.gpus[1].mig_devices[0]
+    caps = Path(mig_driver.dev_root) / "dev/nvidia-caps"
+    caps.mkdir(parents=True)
+    os.mknod(caps / f"nvidia-cap{m.gi_access_minor}", 0o600 | 0o020000,
+             os.makedev(CAPS_MAJOR, m.gi_access_minor))
+    with pytest.raises(NvhookError, match=f"^missing MIG capability device {caps}/nvidia-cap{m.gi_access_minor}$"):
+        plan(req(devices="1:0"), replace(mig_driver, cap_devices=()))
+
+
+def test_ipc_socket():
+    from libinject.constants import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
+    from libinject.plan.planner import ipc_socket
+    assert ipc_socket("/run/nvidia-persistenced/socket") == PERSISTENCED_SOCKET
+    assert ipc_socket("/var/run/nvidia-persistenced/socket") == PERSISTENCED_SOCKET   # /run -> /var/run
+    assert ipc_socket("/run/nvidia-fabricmanager/socket") == FABRICMANAGER_SOCKET
+    assert ipc_socket("/tmp/nvidia-mps") is None and ipc_socket("/run/other/socket") is None
 
 
 def test_imex(driver):

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 
+from libinject.constants import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
 from libinject.discover import snapshot as _snap
 from libinject.errors import NvhookError
 from libinject.discover.model import Driver
 
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
-PERSISTENCED_SOCKET = "/run/nvidia-persistenced/socket"
-FABRICMANAGER_SOCKET = "/run/nvidia-fabricmanager/socket"
+MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"   # under the dev root
 MPS_PIPE_DIR = "/tmp/nvidia-mps"
-NV_MAJOR = 195
 
 
 def _watch_dirs() -> list[str]:
@@ -142,13 +141,15 @@ def _numbered(dirpath: str, prefix: str, container_dir: str) -> list:
 
 
 def read_mig_minors(path: str) -> dict[str, int]:
-    """proc/driver/nvidia-caps/mig-minors: "config 1", "gpu0/gi1/access 12" ..."""
+    """proc/driver/nvidia-caps/mig-minors: "config 1", "gpu0/gi1/access 12" ... -> {name: minor}.
+    The one parser of that table (discovery, the CDI mask-procfs hook, tests); a missing
+    or unreadable file is an empty table, malformed lines are skipped."""
     out: dict[str, int] = {}
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) == 2 and parts[1].isdigit():
+                if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit():
                     out[parts[0]] = int(parts[1])
     except OSError:
         pass
@@ -172,7 +173,7 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
 
     # The driver's table covers every possible GPU; keep config/monitor and our GPUs'.
     ours = tuple(f"gpu{g.minor}/" for g in info.gpus)
-    mig_minors = {k: v for k, v in read_mig_minors(os.path.join(dev_root, "proc/driver/nvidia-caps/mig-minors")).items()
+    mig_minors = {k: v for k, v in read_mig_minors(os.path.join(dev_root, MIG_MINORS)).items()
                   if "/" not in k or k.startswith(ours)}
     gpus = []
     for g in info.gpus:

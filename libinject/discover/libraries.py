@@ -4,6 +4,8 @@ The fixed lists are nvidia-container-cli's (src/nvc_info.c), in its lookup order
 which is also the order `nvidia-container-cli list` prints. Fixed lists fall behind
 new drivers, so any other lib*nvidia*.so.<driver version> is taken too (extra=True)
 under the capability its name suggests.
+
+Also the container's side: which lib dirs an image wants them in (container_lib_dirs).
 """
 from __future__ import annotations
 
@@ -12,10 +14,9 @@ import fnmatch
 import os
 
 from libinject.discover import ldcache
+from libinject.discover import model
 
 # (SONAME prefix, capability), in nvidia-container-cli's order:
-
-from libinject.discover import model
 # utility, compute, ngx, video, graphics, graphics (glvnd).
 LIBRARIES: tuple[tuple[str, str], ...] = (
     ("libnvidia-ml.so", "utility"),
@@ -199,3 +200,40 @@ def select(entries: list[ldcache.Entry], root: str, version: str) -> list[model.
                     out.append(chosen[(prefix, arch)])
         out.extend(lib for key, lib in sorted(extras.items()) if key[1] in arches)
     return out
+
+
+# --- the container's side: where an image wants driver libraries -------------------------
+
+DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+RPM_LIB_DIRS = ("/usr/lib64", "/usr/lib")
+
+
+def _exists_in_root(rootfs: str, path: str) -> bool:
+    """Does `path` exist inside rootfs, resolving symlinks as if rootfs were "/"?
+    (openat2 RESOLVE_IN_ROOT: an image's symlinks can never lead out of its rootfs.)"""
+    from libinject.apply.rootfs import openat2   # retries the EAGAIN of a racing ".." walk
+    from libinject.errors import NvhookError
+    from libinject.linux import native
+
+    try:
+        rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise NvhookError(f"invalid rootfs directory {rootfs}: {e.strerror}") from None
+    try:
+        fd = openat2(rfd, path.lstrip("/"), os.O_PATH | os.O_CLOEXEC,
+                     native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS)
+    except OSError:
+        return False
+    finally:
+        os.close(rfd)
+    os.close(fd)
+    return True
+
+
+def container_lib_dirs(rootfs: str) -> tuple[str, str]:
+    """(lib_dir, lib32_dir) for the image's distro, for the planner: Debian-like images
+    (have /etc/debian_version or /usr/lib/x86_64-linux-gnu) use the multiarch dirs,
+    others /usr/lib64 and /usr/lib."""
+    if _exists_in_root(rootfs, "/etc/debian_version") or _exists_in_root(rootfs, DEBIAN_LIB_DIRS[0]):
+        return DEBIAN_LIB_DIRS
+    return RPM_LIB_DIRS

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
-
 
 @dataclass(frozen=True)
 class MigDevice:

@@ -12,30 +12,31 @@ display (modeset) + graphics libs, ngx = ngx libs, compat32 = the 32-bit librari
 those. No capability at all = no binaries, libraries or IPC (only procfs, nvidiactl,
 GPU nodes and firmware), as `nvidia-container-cli configure` without flags.
 
-The planner reads a little of the host (procfs files, the major of nvidia-caps nodes)
-but writes nothing.
+What gets selected (GPUs, MIG devices, MIG config/monitor, IMEX channels) is
+libinject.plan.select's answer, the one `nvhook list` shows. This module does no I/O:
+host facts come from discovery (the Driver), container facts from the caller (lib_dir,
+lib32_dir: libinject.discover.libraries.container_lib_dirs); only the masked procfs's
+text is read, by libinject.plan.procfs.
 """
 from __future__ import annotations
 
 import os
 import posixpath
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
+from libinject.constants import FABRICMANAGER_SOCKET, NVIDIA_MAJOR, PERSISTENCED_SOCKET
+from libinject.discover.libraries import DEBIAN_LIB_DIRS
 from libinject.plan import procfs as _procfs
 from libinject.plan import require as _require
+from libinject.plan import select as _select
 from libinject.plan.edits import (CgroupRule, ContainerEdits, CudaCompatEdit, DeviceEdit,
                              MountEdit, SymlinkEdit)
 from libinject.errors import NvhookError
-from libinject.discover.model import DeviceNode, Driver, Gpu, HostFile, Library, MigDevice
+from libinject.discover.model import DeviceNode, Driver, Gpu, HostFile, Library
 from libinject.request.model import Request
 
-DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
-RPM_LIB_DIRS = ("/usr/lib64", "/usr/lib")
 BIN_DIR = "/usr/bin"
-PERSISTENCED_SOCKET = "nvidia-persistenced/socket"
-FABRICMANAGER_SOCKET = "nvidia-fabricmanager/socket"
-NV_MAJOR = 195
 CAPS_DIR = "/dev/nvidia-caps"
 
 # Mount options, as libnvidia-container remounts each kind.
@@ -81,62 +82,6 @@ class Flags:
 
     def binary_caps(self) -> set[str]:
         return {c for c, on in (("utility", self.utility_bins), ("compute", self.compute_bins)) if on}
-
-
-@dataclass(frozen=True)
-class Selection:
-    gpus: tuple[Gpu, ...]                      # full GPUs and MIG parents, selection order
-    migs: tuple[tuple[Gpu, MigDevice], ...]    # selected MIG devices with their parent
-
-
-# --- container lib dirs ---------------------------------------------------------------
-
-def _exists_in_root(rootfs: str, path: str) -> bool:
-    """Does `path` exist inside rootfs, resolving symlinks as if rootfs were "/"?
-    (openat2 RESOLVE_IN_ROOT: an image's symlinks can never lead out of its rootfs.)"""
-    from libinject.linux import native
-    from libinject.apply.rootfs import openat2   # retries the EAGAIN of a racing ".." walk
-
-    try:
-        rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise NvhookError(f"invalid rootfs directory {rootfs}: {e.strerror}") from None
-    try:
-        fd = openat2(rfd, path.lstrip("/"), os.O_PATH | os.O_CLOEXEC,
-                     native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS)
-    except OSError:
-        return False
-    finally:
-        os.close(rfd)
-    os.close(fd)
-    return True
-
-
-def container_lib_dirs(rootfs: str) -> tuple[str, str]:
-    """(lib_dir, lib32_dir) for the image's distro: Debian-like images (have
-    /etc/debian_version or /usr/lib/x86_64-linux-gnu) use the multiarch dirs, others
-    /usr/lib64 and /usr/lib."""
-    if _exists_in_root(rootfs, "/etc/debian_version") or _exists_in_root(rootfs, DEBIAN_LIB_DIRS[0]):
-        return DEBIAN_LIB_DIRS
-    return RPM_LIB_DIRS
-
-
-# --- selection --------------------------------------------------------------------------
-
-def select_devices(driver: Driver, ids: str | None) -> Selection:
-    """Resolve a device list ("none" = driver only)."""
-    if ids is None or ids.strip().lower() in ("none", ""):
-        return Selection((), ())
-    from libinject.plan import select as _select
-
-    gpus: list[Gpu] = []
-    migs: list[tuple[Gpu, MigDevice]] = []
-    for s in _select.select(driver.info, ids):
-        if s.gpu not in gpus:
-            gpus.append(s.gpu)
-        if s.mig is not None and (s.gpu, s.mig) not in migs:
-            migs.append((s.gpu, s.mig))
-    return Selection(tuple(gpus), tuple(migs))
 
 
 # --- pieces ------------------------------------------------------------------------------
@@ -203,6 +148,17 @@ def _rel_to_root(driver: Driver, f: HostFile) -> str:
     return "/" + rel.lstrip("/")
 
 
+def ipc_socket(path: str) -> str | None:
+    """Which driver socket an IPC path is (PERSISTENCED_SOCKET, FABRICMANAGER_SOCKET), or
+    None (the MPS pipe directory). Matched on the last two components: discovery resolves
+    the driver root's symlinks, so /run may read as /var/run."""
+    tail = path.rsplit("/", 2)[-2:]
+    for sock in (PERSISTENCED_SOCKET, FABRICMANAGER_SOCKET):
+        if sock.rsplit("/", 2)[-2:] == tail:
+            return sock
+    return None
+
+
 def _ipcs(driver: Driver, request: Request, flags: Flags) -> list[MountEdit]:
     """IPC sockets and the MPS pipe directory, exactly as discovery found them on the
     host. Nothing here comes from the container: an image's CUDA_MPS_PIPE_DIRECTORY
@@ -211,10 +167,11 @@ def _ipcs(driver: Driver, request: Request, flags: Flags) -> list[MountEdit]:
     out: list[MountEdit] = []
     for f in driver.ipcs:
         cpath = _rel_to_root(driver, f)
-        if cpath.endswith(PERSISTENCED_SOCKET):
+        sock = ipc_socket(cpath)
+        if sock == PERSISTENCED_SOCKET:
             if not flags.utility_libs or request.no_persistenced:
                 continue
-        elif cpath.endswith(FABRICMANAGER_SOCKET):
+        elif sock == FABRICMANAGER_SOCKET:
             if not flags.utility_libs or request.no_fabricmanager:
                 continue
         elif not flags.compute_libs:      # the MPS pipe directory
@@ -228,71 +185,23 @@ def _dev(node: DeviceNode, kind: str) -> DeviceEdit:
                       minor=node.minor, kind=kind)
 
 
-def _cap_node(driver: Driver, minor: int) -> DeviceEdit:
-    """/dev/nvidia-caps/nvidia-cap<minor>; its (dynamic) major read from the host node."""
-    cpath = f"{CAPS_DIR}/nvidia-cap{minor}"
-    host = os.path.join(driver.dev_root or driver.root, cpath.lstrip("/"))
-    try:
-        st = os.stat(host)
-    except OSError as e:
-        raise NvhookError(f"missing MIG capability device {host}: {e.strerror}") from None
-    return DeviceEdit(path=cpath, host_path=host, major=os.major(st.st_rdev), minor=minor, kind="mig")
-
-
-def _proc_cap(driver: Driver, rel: str) -> tuple[str, str] | None:
-    """A MIG capability file under /proc/driver/nvidia, as upstream's mount_procfs_mig:
-    NVML in the container reads the caps minors there. Copied into the procfs tmpfs
-    (its text is static: "DeviceFileMinor: N ..."), so the tmpfs can stay read-only."""
-    if not driver.procfs_dir:
-        return None
-    host = os.path.join(driver.procfs_dir, rel)
-    try:
-        with open(host, encoding="utf-8", errors="surrogateescape") as f:
-            return rel, f.read()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    except OSError as e:
-        raise NvhookError(f"cannot read {host}: {e.strerror}") from None
+def _cap_node(driver: Driver, caps: Mapping[int, DeviceNode], minor: int) -> DeviceEdit:
+    """/dev/nvidia-caps/nvidia-cap<minor> as discovery found it (its major is dynamic)."""
+    node = caps.get(minor)
+    if node is None:
+        host = os.path.join(driver.dev_root or driver.root, CAPS_DIR.lstrip("/"), f"nvidia-cap{minor}")
+        raise NvhookError(f"missing MIG capability device {host}")
+    return _dev(node, "mig")
 
 
 def _gpu_node(driver: Driver, gpu: Gpu) -> DeviceEdit:
     for n in driver.gpu_devices:
-        if n.minor == gpu.minor and n.major == NV_MAJOR:
+        if n.minor == gpu.minor and n.major == NVIDIA_MAJOR:
             return _dev(n, "gpu")
     for n in driver.gpu_devices:
         if n.minor == gpu.minor:
             return _dev(n, "gpu")
     raise NvhookError(f"no device node for GPU {gpu.index} (/dev/nvidia{gpu.minor})")
-
-
-def _mig_extra_selection(driver: Driver, ids: str | None, visible: Selection) -> list[Gpu]:
-    """GPUs named by --mig-config/--mig-monitor ("all" = all visible GPUs)."""
-    if not ids:
-        return []
-    if ids.strip().lower() == "all":
-        return list(visible.gpus)
-    return list(select_devices(driver, ids).gpus)
-
-
-def _imex(driver: Driver, ids: str | None) -> list[DeviceEdit]:
-    if not ids:
-        return []
-    chans = {n.minor: n for n in driver.imex_channels}
-    by_id = {int(n.container_path.rsplit("channel", 1)[-1]): n for n in driver.imex_channels
-             if n.container_path.rsplit("channel", 1)[-1].isdigit()}
-    if ids.strip().lower() == "all":
-        return [_dev(n, "imex") for n in driver.imex_channels]
-    out = []
-    for tok in filter(None, (t.strip() for t in ids.split(","))):
-        if not tok.isdigit():
-            raise NvhookError(f"invalid IMEX channel: {tok}")
-        n = by_id.get(int(tok)) or chans.get(int(tok))
-        if n is None:
-            raise NvhookError(f"unknown IMEX channel: {tok}")
-        e = _dev(n, "imex")
-        if e not in out:
-            out.append(e)
-    return out
 
 
 # --- the planner ----------------------------------------------------------------------
@@ -303,15 +212,14 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
     if request.devices is None:
         return ContainerEdits(lib_dir=lib_dir)
     flags = Flags.of(request.capabilities)
-    sel = select_devices(driver, request.devices)
+    # Selection errors (devices, then mig-config, mig-monitor) come before requirement
+    # errors, as in configure.c.
+    sel = _select.resolve(driver, request.devices, mig_config=request.mig_config,
+                          mig_monitor=request.mig_monitor, imex=request.imex_channels)
     if not request.disable_require:
         _require.check(request.requirements, driver.info, sel.gpus)
 
-    config_gpus = _mig_extra_selection(driver, request.mig_config, sel)
-    monitor_gpus = _mig_extra_selection(driver, request.mig_monitor, sel)
-    all_gpus = list(sel.gpus) + [g for g in config_gpus + monitor_gpus if g not in sel.gpus]
-
-    proc = _procfs.build(driver.procfs_dir, all_gpus)
+    proc = _procfs.build(driver.procfs_dir, sel.gpus)
     mounts: list[MountEdit] = _binaries(driver, flags)
     libs = _libraries(driver, flags, lib_dir, lib32_dir)
     mounts += [m for _, m in libs]
@@ -337,37 +245,32 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
         if n.capability == "display" and not flags.display:
             continue
         devices.append(_dev(n, "control"))
-    for g in all_gpus:
+    for g in sel.gpus:
         devices.append(_gpu_node(driver, g))
+    caps = {n.minor: n for n in driver.cap_devices}
     extra_rules: list[CgroupRule] = []
-    proc_caps: list[tuple[str, str] | None] = []
-    for gpu, mig in sel.migs:
+    proc_caps: list[str] = []       # files under /proc/driver/nvidia to copy into the tmpfs
+    for gpu, mig in sel.mig_access:
         if mig.gi_access_minor is None or mig.ci_access_minor is None:
             raise NvhookError(f"MIG device {mig.uuid}: no nvidia-caps minor for its GPU/compute instance")
-        devices.append(_cap_node(driver, mig.gi_access_minor))
-        devices.append(_cap_node(driver, mig.ci_access_minor))
+        devices.append(_cap_node(driver, caps, mig.gi_access_minor))
+        devices.append(_cap_node(driver, caps, mig.ci_access_minor))
         base = f"capabilities/gpu{gpu.minor}/mig/gi{mig.gi}"
-        proc_caps += [_proc_cap(driver, f"{base}/access"), _proc_cap(driver, f"{base}/ci{mig.ci}/access")]
-    for key, gpus in (("config", config_gpus), ("monitor", monitor_gpus)):
-        if not gpus:
-            continue
+        proc_caps += [f"{base}/access", f"{base}/ci{mig.ci}/access"]
+    for key, gpus in sel.mig_caps:
         if key not in driver.mig_minors:
             raise NvhookError(f"mig-{key} error: no MIG {key} capability on this host")
-        node = _cap_node(driver, driver.mig_minors[key])
+        node = _cap_node(driver, caps, driver.mig_minors[key])
         devices.append(node)
-        proc_caps.append(_proc_cap(driver, f"capabilities/mig/{key}"))
+        proc_caps.append(f"capabilities/mig/{key}")
         # Creating/monitoring instances needs every MIG minor of those GPUs (upstream's
         # setup_mig_minor_cgroups): cgroup rules only, the nodes may not exist yet.
         for g in gpus:
-            prefix = f"gpu{g.minor}/"
-            for k, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1]):
-                if k.startswith(prefix):
-                    extra_rules.append(CgroupRule(node.major, minor))
-    devices += _imex(driver, request.imex_channels)
+            extra_rules += [CgroupRule(node.major, minor) for _, minor in _select.mig_minors_of(driver, g)]
+    devices += [_dev(n, "imex") for n in sel.imex]
     devices = list(dict.fromkeys(devices))
     if proc_caps:
-        extra = dict(c for c in proc_caps if c is not None)
-        proc = replace(proc, files={**proc.files, **extra})
+        proc = replace(proc, files={**proc.files, **_procfs.cap_files(driver.procfs_dir, proc_caps)})
 
     folders = [lib_dir] + ([lib32_dir] if flags.compat32 else [])
     rules: list[CgroupRule] = []

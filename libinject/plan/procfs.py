@@ -43,6 +43,26 @@ def gpu_dir(procfs_dir: str, gpu: Gpu) -> tuple[str, str]:
     raise NvhookError(f"GPU {gpu.index} ({gpu.bus_id}): {procfs_dir}/gpus/{gpu.procfs_name} not found")
 
 
+def cap_files(procfs_dir: str, rels: Iterable[str]) -> dict[str, str]:
+    """MIG capability files ("capabilities/mig/config", ".../gi1/access") by their path
+    under procfs_dir, as upstream's mount_procfs_mig: NVML in the container reads the caps
+    minors there. Copied into the tmpfs (their text is static: "DeviceFileMinor: N ..."),
+    so it can stay read-only. Missing ones are skipped."""
+    out: dict[str, str] = {}
+    if not procfs_dir:
+        return out
+    for rel in rels:
+        host = os.path.join(procfs_dir, rel)
+        try:
+            with open(host, encoding="utf-8", errors="surrogateescape") as f:
+                out[rel] = f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise NvhookError(f"cannot read {host}: {e.strerror}") from None
+    return out
+
+
 def build(procfs_dir: str, gpus: Iterable[Gpu]) -> ProcfsEdit:
     """The ProcfsEdit for the given host procfs dir and selected (parent) GPUs."""
     files: dict[str, str] = {}

@@ -21,7 +21,7 @@ predicate>", with the cuda>= hint when that token starts with "cuda>="; a parse 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from libinject.errors import NvhookError
 from libinject.discover.model import DriverInfo, Gpu
@@ -182,15 +182,6 @@ def check_one(predicate: str, facts: Facts) -> str | None:
     except InvalidExpression:
         return "invalid expression"
     return None if ok else failure_message(predicate)
-
-
-def validate(requirements: Iterable[str]) -> None:
-    """Reject predicates with an unparsable atom anywhere (stricter than dsl.c, which
-    only notices atoms it reaches). Not called by check(); for config linting."""
-    for pred in requirements:
-        for or_expr in pred.split(" "):
-            for atom in filter(None, or_expr.split(",")):
-                _parse_atom(atom)
 
 
 def check(requirements: Sequence[str], info: DriverInfo, gpus: Sequence[Gpu]) -> None:

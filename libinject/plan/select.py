@@ -5,6 +5,10 @@ A comma list of: `all`; a GPU index; `GPU-<uuid>` (any case); a PCI bus id
 (indexes). "none", "void" and "" select nothing. `all` selects every GPU and then
 every MIG device and ends the list. Selecting a MIG device also makes its parent
 GPU visible. Duplicates are dropped, first place kept. Unknown ids are an error.
+
+The one home of device selection: resolve() answers everything a request selects (GPUs,
+MIG devices, MIG config/monitor GPUs, IMEX channels) as a Selection, which both the
+planner and `nvhook list` use, so they accept, refuse and pick the same things.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from libinject.errors import NvhookError
 from libinject.discover.model import DeviceNode, Driver, DriverInfo, Gpu, MigDevice
 
 _PCI = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.0")
-_MIG_INDEX = re.compile(r"(\d+):(\d+)")
+_MIG_INDEX = re.compile(r"(\d+):(\d+)", re.ASCII)
 NOTHING = ("none", "void", "")
 
 
@@ -36,7 +40,7 @@ def _gpu(info: DriverInfo, dev: str) -> Gpu | None:
         for g in info.gpus:
             if g.bus_id.lower().startswith(busid):
                 return g
-    if dev.isdigit() and int(dev) < len(info.gpus):
+    if dev.isascii() and dev.isdigit() and int(dev) < len(info.gpus):
         return info.gpus[int(dev)]
     return None
 
@@ -112,17 +116,17 @@ def migs_of(selected: list[Selected]) -> list[tuple[Gpu, MigDevice]]:
 def mig_caps_gpus(ids: str | None, devices: str | None, selected: list[Selected], kind: str) -> list[Gpu]:
     """GPUs whose MIG `kind` ("mig-config" / "mig-monitor") capability is requested.
 
-    As nvidia-container-cli: only "all" is accepted, meaning the MIG-capable visible
-    GPUs, and not together with a choice of specific MIG devices."""
-    toks = tokens(ids)
-    if not toks:
-        return []
-    for t in toks:
+    As nvidia-container-cli (src/cli/common.c select_mig_config_devices and
+    select_mig_monitor_devices): the list is walked up to "all", which means the
+    MIG-capable visible GPUs and ends the list; any other id before it is refused
+    ("only 'all'"), as is "all" with specific MIG devices selected but not every device."""
+    for t in tokens(ids):
         if t.lower() != "all":
-            raise NvhookError(f"{kind}: {t}: only 'all' devices are currently supported")
-    if migs_of(selected) and not selects_all(devices):
-        raise NvhookError(f"{kind}: cannot enable {kind} with specific MIG devices selected")
-    return [g for g in gpus_of(selected) if g.mig_capable]
+            raise NvhookError(f"{kind} error: {t}: only 'all' devices are currently supported")
+        if migs_of(selected) and not selects_all(devices):
+            raise NvhookError(f"{kind} error: {t}: cannot enable {kind} with specific MIG devices selected")
+        return [g for g in gpus_of(selected) if g.mig_capable]
+    return []
 
 
 def imex_channels(driver: Driver, ids: str | None) -> list[DeviceNode]:
@@ -134,7 +138,7 @@ def imex_channels(driver: Driver, ids: str | None) -> list[DeviceNode]:
             continue
         if t.lower() == "all":
             wanted = sorted(by_id)
-        elif t.isdigit():
+        elif t.isascii() and t.isdigit():
             if int(t) not in by_id:
                 raise NvhookError(f"unknown IMEX channel: {t}")
             wanted = [int(t)]
@@ -144,3 +148,47 @@ def imex_channels(driver: Driver, ids: str | None) -> list[DeviceNode]:
             if by_id[n] not in out:
                 out.append(by_id[n])
     return out
+
+
+def mig_minors_of(driver: Driver, gpu: Gpu) -> list[tuple[str, int]]:
+    """("gpu<N>/gi<G>[/ci<C>]/access", minor) of every MIG capability of a GPU, by minor:
+    what creating or watching its MIG devices may open (upstream's setup_mig_minor_cgroups)."""
+    prefix = f"gpu{gpu.minor}/"
+    return sorted(((k, v) for k, v in driver.mig_minors.items() if k.startswith(prefix)),
+                  key=lambda kv: kv[1])
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Everything a request selects, resolved against one Driver."""
+    gpus: tuple[Gpu, ...] = ()                    # visible: selected GPUs and MIG parents, in order
+    migs: tuple[tuple[Gpu, MigDevice], ...] = ()  # selected MIG devices with their parent
+    mig_config: tuple[Gpu, ...] | None = None     # None: not asked; else the MIG-capable visible GPUs
+    mig_monitor: tuple[Gpu, ...] | None = None
+    imex: tuple[DeviceNode, ...] = ()             # IMEX channel nodes
+
+    @property
+    def mig_access(self) -> tuple[tuple[Gpu, MigDevice], ...]:
+        """MIG devices whose access capabilities the container gets: none once mig-config or
+        mig-monitor is asked, as configure.c and list.c (the GPU-wide caps stand in)."""
+        return () if self.mig_config is not None or self.mig_monitor is not None else self.migs
+
+    @property
+    def mig_caps(self) -> tuple[tuple[str, tuple[Gpu, ...]], ...]:
+        """("config" | "monitor", GPUs) for each global MIG capability given: asked, and
+        at least one MIG-capable visible GPU."""
+        return tuple((k, g) for k, g in (("config", self.mig_config), ("monitor", self.mig_monitor)) if g)
+
+
+def resolve(driver: Driver, devices: str | None, *, mig_config: str | None = None,
+            mig_monitor: str | None = None, imex: str | None = None) -> Selection:
+    """One request's selection; raises NvhookError for what nvidia-container-cli refuses."""
+    selected = select(driver.info, devices)
+
+    def caps(ids: str | None, kind: str) -> tuple[Gpu, ...] | None:
+        return tuple(mig_caps_gpus(ids, devices, selected, kind)) if tokens(ids) else None
+
+    return Selection(gpus=tuple(gpus_of(selected)), migs=tuple(migs_of(selected)),
+                     mig_config=caps(mig_config, "mig-config"),
+                     mig_monitor=caps(mig_monitor, "mig-monitor"),
+                     imex=tuple(imex_channels(driver, imex)))
