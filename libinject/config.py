@@ -4,6 +4,10 @@ Where it is read from (first that applies):
   1. an explicit path (`--config`), then $NVHOOK_CONFIG: must exist;
   2. ${XDG_CONFIG_HOME:-/etc}/nvidia-container-runtime/config.toml: defaults if absent.
 
+Relative paths in the file (log files, the snapshot dir, the service socket) are taken
+relative to the file's own directory: the hook runs with "/" as its cwd, where a
+relative path would otherwise land.
+
 Sections and keys are NVIDIA's (TOML names; Python names replace "-" with "_"), with
 NVIDIA's defaults, so an existing NVIDIA config keeps working. Unknown keys and
 sections are ignored (NVIDIA configs carry more than we read); a key we know with the
@@ -15,9 +19,9 @@ import os
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
+from libinject.constants import ALL_CAPABILITIES, SERVE_SOCKET
 from libinject.errors import NvhookError
 
-ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
 CONFIG_REL = "nvidia-container-runtime/config.toml"
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -87,7 +91,7 @@ class NvhookConfig:
     dev_root: str = ""                  # where dev/ and proc/ are read ("" = driver root)
     log_file: str = ""                  # hook log ("" = [nvidia-container-cli] debug)
     log_level: str = ""                 # "" = [nvidia-container-runtime] log-level
-    socket: str = "/run/nvhook/hook.sock"   # `nvhook serve`: where it listens (hookfront: $NVHOOK_SOCKET)
+    socket: str = SERVE_SOCKET          # `nvhook serve`: where it listens (hookfront: $NVHOOK_SOCKET)
     serve_timeout: float = 60.0         # `nvhook serve`: seconds one request may take
 
 
@@ -135,6 +139,22 @@ class Config:
     def log_level(self) -> str:
         return (self.nvhook.log_level or self.runtime.log_level or "info").lower()
 
+    def discover_options(self, *, root: str | None = None, ldcache: str | None = None,
+                         user: str | None = None):
+        """Discovery's options: the command line's root/ldcache/user where given, else
+        this config's; the one place config keys become discovery settings."""
+        from libinject.discover.options import DiscoverOptions
+        from libinject.request.user import parse_user
+
+        cli, nv = self.cli, self.nvhook
+        if user:
+            who = parse_user(user, "--user")
+        else:
+            who = parse_user(cli.user, f"{self.source or 'config'}: [nvidia-container-cli] user")
+        return DiscoverOptions(root=root or cli.root or "/", ldcache=ldcache or cli.ldcache or None,
+                               dev_root=nv.dev_root or None, nvml_timeout=nv.nvml_timeout,
+                               user=who, snapshot=nv.snapshot, snapshot_dir=nv.snapshot_dir or None)
+
 
 def config_path(explicit: str | None = None, environ: dict[str, str] | None = None) -> tuple[str, bool]:
     """(path, required): where the config is read from, and whether it must exist."""
@@ -171,9 +191,24 @@ def parse(data: bytes | str, source: str = "<config>") -> Config:
     except tomllib.TOMLDecodeError as e:
         raise NvhookError(f"{source}: invalid TOML: {e}") from None
     cfg = _build(Config, table, source, "")
-    cfg = replace(cfg, source=source)
+    cfg = _resolve_paths(replace(cfg, source=source))
     cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
     return cfg
+
+
+def _resolve_paths(cfg: Config) -> Config:
+    base = os.path.dirname(os.path.abspath(cfg.source))
+
+    def rel(p: str) -> str:
+        return os.path.join(base, p) if p and not os.path.isabs(p) else p
+
+    cli, rt, nv = cfg.cli, cfg.runtime, cfg.nvhook
+    return replace(
+        cfg,
+        nvidia_container_cli=replace(cli, debug=rel(cli.debug)),
+        nvidia_container_runtime=replace(rt, debug=rel(rt.debug)),
+        nvhook=replace(nv, log_file=rel(nv.log_file), snapshot_dir=rel(nv.snapshot_dir),
+                       socket=rel(nv.socket)))
 
 
 def _build(cls: type, table: dict[str, object], source: str, prefix: str):

@@ -1,5 +1,6 @@
-"""One configure pipeline for the hook and `nvhook configure`:
-Request -> discover -> plan -> apply_live (DESIGN.md §2).
+"""The pipeline, as one function for the hook and `nvhook configure`:
+Request (libinject.request) -> Driver (libinject.discover) -> ContainerEdits
+(libinject.plan) -> the live applier (libinject.apply.live).
 """
 from __future__ import annotations
 
@@ -10,31 +11,27 @@ from libinject.request.model import Request
 
 if TYPE_CHECKING:
     from libinject.discover.model import Driver
+    from libinject.discover.options import DiscoverOptions
 
 
-def configure(request: Request, rootfs: str, *, pid: int | None, root: str = "/",
-              ldcache: str | None = None, dev_root: str | None = None,
-              nvml_timeout: float = 10.0, snapshot: bool = True,
-              snapshot_dir: str | None = None, dry_run: bool = False,
+def configure(request: Request, rootfs: str, *, pid: int | None, options: DiscoverOptions,
+              dry_run: bool = False,
               log: Callable[[str], None] | None = None,
               discover_fn: Callable[..., Driver] | None = None,
               in_process: bool = False) -> ContainerEdits:
-    """Discover the driver under root, plan request for rootfs and (unless dry_run) apply
+    """Discover the driver (options), plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
     discover_fn: stands in for libinject.discover.driver.discover (same signature), e.g. the
-    hook server's in-memory cache (libinject.runtime.service).
+    hook service's in-memory cache (libinject.runtime.service).
     in_process: apply in this process instead of a forked worker (one fork less on the
     hook's path); only for one-shot processes, since it limits this process's
     capabilities for good."""
-    from libinject.discover.driver import discover
-    from libinject.plan.planner import container_lib_dirs, plan
+    from libinject.discover.libraries import container_lib_dirs
+    from libinject.plan.planner import plan
 
     say = log or (lambda msg: None)
-    driver = (discover_fn or discover)(root or "/", ldcache=ldcache or None,
-                                       dev_root=dev_root or None, nvml_timeout=nvml_timeout,
-                                       user=request.user, snapshot=snapshot,
-                                       snapshot_dir=snapshot_dir or None)
+    driver = options.discover(discover_fn)
     say(f"driver {driver.info.driver_version} (cuda {driver.info.cuda_version}) under {driver.root}: "
         f"{len(driver.info.gpus)} GPUs, libraries from {driver.library_source}")
     lib_dir, lib32_dir = container_lib_dirs(rootfs)

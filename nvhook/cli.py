@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
+
+from libinject.constants import HOOK_STAGES
+from libinject.runtime.hook import GLOBAL_VALUED, parse_argv
 
 if TYPE_CHECKING:
     import argparse
@@ -35,10 +37,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("nvhook.cmd_serve", "serve the OCI hook from a warm process (optional)"),
 }
 
-# Global options that take a value (so the command can be found without parsing).
-_VALUED = {"--root", "--ldcache", "--user", "--debug", "--config"}
-
-
 def _global_parser() -> argparse.ArgumentParser:
     import argparse
 
@@ -59,7 +57,7 @@ def _find_command(argv: list[str]) -> str | None:
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in _VALUED:
+        if a in GLOBAL_VALUED:
             i += 2
             continue
         if a.startswith("-"):
@@ -69,35 +67,11 @@ def _find_command(argv: list[str]) -> str | None:
     return None
 
 
-HOOK_STAGES = ("prestart", "createContainer", "poststart", "poststop")
-
-
-def _hook_args(argv: list[str]) -> SimpleNamespace | None:
-    """A hook stage as runtimes call it (`[--config F] [--debug F] ... prestart`), parsed
-    without argparse: importing and building it is ~15 ms of the exec'd hook's start-up.
-    Anything else (--opt=value, -h, a typo) gives None, and argparse parses and reports."""
-    ns = SimpleNamespace(root=None, ldcache=None, user=None, debug=None, load_kmods=False,
-                         config=None, command=None)
-    i = 0
-    while i < len(argv) - 1:
-        a = argv[i]
-        if a in _VALUED and not argv[i + 1].startswith("-"):
-            setattr(ns, a[2:].replace("-", "_"), argv[i + 1])
-            i += 2
-        elif a == "--load-kmods":
-            ns.load_kmods = True
-            i += 1
-        else:
-            return None
-    if i != len(argv) - 1 or argv[i] not in HOOK_STAGES:
-        return None
-    ns.command = argv[i]
-    return ns
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    hook = _hook_args(argv) if argv and argv[-1] in HOOK_STAGES else None
+    # A hook stage as runtimes call it skips argparse (start-up time); anything unusual
+    # goes through argparse, which parses and reports it.
+    hook = parse_argv(argv) if argv and argv[-1] in HOOK_STAGES else None
     if hook is not None:
         return _run_guarded(importlib.import_module(COMMANDS[hook.command][0]).run, hook)
     name = _find_command(argv)
@@ -122,15 +96,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_guarded(fn, arg) -> int:
-    from libinject.errors import NvhookError
+    from libinject.errors import NvhookError, report
 
     try:
         return int(fn(arg) or 0)
     except NvhookError as e:
-        print(f"nvhook: {e}", file=sys.stderr)
+        report(e)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # a bug: still one line, never a traceback
+        report(f"internal error: {type(e).__name__}: {e}")
+        return 70
 
 
 def runtime_main() -> int:

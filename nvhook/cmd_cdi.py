@@ -48,28 +48,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from libinject.apply import cdi
+    from dataclasses import replace
+
     from libinject import config
-    from libinject.discover.driver import discover
+    from libinject.apply import cdi
+    from libinject.constants import ALL_CAPABILITIES
     from libinject.errors import NvhookError
 
     cfg = config.load(args.config)
-    root = args.driver_root or args.root or cfg.cli.root or "/"
-    dev_root = args.dev_root or cfg.nvhook.dev_root or None
+    options = cfg.discover_options(root=args.driver_root or args.root, ldcache=args.ldcache,
+                                   user=args.user)
+    if args.dev_root:
+        options = replace(options, dev_root=args.dev_root)
     strategies = [s.strip() for v in (args.device_name_strategy or ["index,uuid"])
                   for s in v.split(",") if s.strip()]
     caps = {c.strip() for c in args.capabilities.split(",") if c.strip()}
-    bad = caps - {"all", *config.ALL_CAPABILITIES}
+    bad = caps - {"all", *ALL_CAPABILITIES}
     if bad:
         raise NvhookError(f"unknown capability {','.join(sorted(bad))} "
-                          f"(allowed: all,{','.join(config.ALL_CAPABILITIES)})")
+                          f"(allowed: all,{','.join(ALL_CAPABILITIES)})")
     cdi.check_kind(f"{args.vendor}/{args.cls}")
     fmt = args.format or (cdi.format_of(args.output) if args.output else "json")
     hook = cdi.HookOptions(path=args.hook_path or cdi.default_hook_path(),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
                            config=args.config or "")
-    driver = discover(root, ldcache=args.ldcache or cfg.cli.ldcache or None, dev_root=dev_root,
-                      nvml_timeout=cfg.nvhook.nvml_timeout, snapshot=cfg.nvhook.snapshot)
+    driver = options.discover()
     spec = cdi.generate(driver, vendor=args.vendor, cls=args.cls, strategies=strategies,
                         capabilities=caps, hook=hook, lib_dir=args.lib_dir,
                         mask_procfs=not args.no_mask_procfs)
@@ -89,8 +92,10 @@ def _list(args: argparse.Namespace) -> int:
     reg = cdi.scan(dirs, validate=lambda spec, path: cdi_validate.validate(spec))
     for name in sorted(reg.devices):
         print(name)
+    from libinject.errors import report
+
     for e in reg.errors:
-        print(f"nvhook: {e}", file=sys.stderr)
+        report(e)
     return 1 if reg.errors else 0
 
 

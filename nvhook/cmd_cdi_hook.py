@@ -1,27 +1,10 @@
 """nvhook cdi-hook create-symlinks | update-ldcache | mask-procfs: hooks CDI specs call.
 
-`nvhook cdi generate` (and the runtime shim's csv mode) write these as createContainer
-hooks with an explicit env. The runtime runs them with the container's state on stdin,
-in the container's mount namespace before pivot_root, so the rootfs (root.path of
-<bundle>/config.json) is reachable by path. Every change goes through
-libinject.apply.live with pid=None (the rootfs is in our mount namespace): container
-paths resolved inside the rootfs by libinject.apply.rootfs, ldconfig in libinject.apply.ldconfig's
-sandbox, all or nothing; the same code the hook and `configure` use.
-
-- create-symlinks --link TARGET::LINK ...: symlinks in the container (LINK -> TARGET).
-- update-ldcache --folder DIR ... [--ldconfig @/sbin/ldconfig]: the container's ld cache.
-- mask-procfs --procfs-dir DIR: a read-only tmpfs over /proc/driver/nvidia with the
-  host's params (ModifyDeviceFiles: 0), version and registry, and the gpus/<busid>
-  directories and MIG capability files of exactly the devices the container was given
-  (/dev/nvidiaN and /dev/nvidia-caps/nvidia-capN in its linux.devices that its
-  linux.resources.devices rules allow). A CDI spec
-  cannot express this as mounts: runc refuses OCI mounts under /proc.
+What each does: libinject.runtime.cdi_hooks. This module only parses their flags.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -44,151 +27,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                        help="the container rootfs (default: from the state on stdin)")
 
 
-def _rootfs(args: argparse.Namespace, cwd: str | None) -> tuple[str, dict]:
-    from libinject.request import oci_state
-
-    if args.rootfs:
-        return os.path.abspath(args.rootfs), {}
-    state = oci_state.read_state(sys.stdin.buffer)
-    bundle = oci_state.bundle_dir(state, cwd)
-    spec = oci_state.load_config(bundle)
-    return oci_state.rootfs_path(spec, bundle), spec
-
-
-def parse_links(values: list[str]):
-    from libinject.plan.edits import SymlinkEdit
-    from libinject.errors import NvhookError
-
-    out = []
-    for v in values:
-        target, sep, link = v.partition("::")
-        if not sep or not target or not link or not link.startswith("/"):
-            raise NvhookError(f"invalid --link {v!r}: expected TARGET::/container/path")
-        out.append(SymlinkEdit(target=target, link=link))
-    return tuple(out)
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        cwd: str | None = os.getcwd()
-    except OSError:
-        cwd = None
-    os.chdir("/")   # never work relative to a directory the container controls
-    from libinject.apply.live import apply
-    from libinject.plan.edits import ContainerEdits
-    from libinject.errors import NvhookError
+    from libinject.runtime import cdi_hooks
 
-    if args.hook == "create-symlinks":
-        edits = ContainerEdits(symlinks=parse_links(args.link))
-        rootfs, _ = _rootfs(args, cwd)
-        if edits.symlinks:
-            apply(edits, rootfs, pid=None, no_cgroups=True)
-        return 0
-    if args.hook == "update-ldcache":
-        bad = [f for f in args.folder if not f.startswith("/")]
-        if bad:
-            raise NvhookError(f"invalid --folder {bad[0]!r}: not an absolute container path")
-        rootfs, _ = _rootfs(args, cwd)
-        edits = ContainerEdits(ldconfig_folders=tuple(dict.fromkeys(args.folder)))
-        apply(edits, rootfs, pid=None, ldconfig=args.ldconfig, no_cgroups=True)
-        return 0
-    if args.hook == "mask-procfs":
-        rootfs, spec = _rootfs(args, cwd)
-        if not spec:
-            raise NvhookError("mask-procfs needs the container state on stdin (its devices)")
-        edits = procfs_edits(spec, args.procfs_dir, args.mig_minors)
-        if edits is not None:
-            apply(edits, rootfs, pid=None, no_cgroups=True)
-        return 0
-    raise NvhookError(f"unknown cdi-hook {args.hook}")
-
-
-def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
-    """ContainerEdits masking /proc/driver/nvidia for the devices in spec's
-    linux.devices; None when the host has no such procfs dir."""
-    from libinject.plan import planner as _plan
-    from libinject.plan import procfs
-    from libinject.plan.edits import ContainerEdits, ProcfsEdit
-
-    if not os.path.isdir(procfs_dir):
-        return None
-    linux = spec.get("linux") or {}
-    rules = [r for r in (linux.get("resources") or {}).get("devices") or () if isinstance(r, dict)]
-    # the container's devices: nodes it has *and* its cgroup lets it open
-    devs = [d for d in linux.get("devices") or ()
-            if isinstance(d, dict) and _allowed(rules, d.get("type", "c"), d.get("major"), d.get("minor"))]
-    base = procfs.build(procfs_dir, ())
-    minors = {d.get("minor") for d in devs
-              if d.get("major") == _plan.NV_MAJOR and isinstance(d.get("path"), str)
-              and d["path"].removeprefix("/dev/nvidia").isdigit()}
-    gpu_dirs = []
-    gdir = os.path.join(procfs_dir, "gpus")
-    for name in sorted(os.listdir(gdir)) if os.path.isdir(gdir) else ():
-        minor = _device_minor(os.path.join(gdir, name, "information"))
-        if minor is not None and minor in minors:
-            gpu_dirs.append((os.path.join(gdir, name), name))
-    # MIG capability nodes -> their files under capabilities/, copied into the tmpfs as
-    # the planner does (upstream's mount_procfs_mig; the text is static)
-    caps = {d.get("minor") for d in devs if isinstance(d.get("path"), str)
-            and d["path"].startswith(_plan.CAPS_DIR + "/nvidia-cap")}
-    files = dict(base.files)
-    if caps:
-        table = mig_minors or os.path.join(os.path.dirname(procfs_dir.rstrip("/")),
-                                           "nvidia-caps", "mig-minors")
-        for key, minor in _read_minors(table):
-            if minor not in caps:
-                continue
-            if key in ("config", "monitor"):
-                rel = f"capabilities/mig/{key}"
-            else:
-                gpu, _, rest = key.partition("/")
-                rel = f"capabilities/{gpu}/mig/{rest}"
-            try:
-                with open(os.path.join(procfs_dir, rel), encoding="utf-8",
-                          errors="surrogateescape") as f:
-                    files[rel] = f.read()
-            except OSError:
-                continue
-    return ContainerEdits(procfs=ProcfsEdit(path=base.path, files=files,
-                                            gpu_dirs=tuple(gpu_dirs)))
-
-
-def _allowed(rules: list, typ: str, major, minor) -> bool:
-    """The OCI device cgroup verdict for a node: the last matching rule wins."""
-    verdict = False
-    for r in rules:
-        if r.get("type", "a") not in ("a", typ):
-            continue
-        if r.get("major") is not None and r.get("major") != major:
-            continue
-        if r.get("minor") is not None and r.get("minor") != minor:
-            continue
-        access = r.get("access", "rwm") or ""
-        if "r" in access or "w" in access:
-            verdict = bool(r.get("allow"))
-    return verdict
-
-
-def _device_minor(path: str) -> int | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                k, sep, v = line.partition(":")
-                if sep and k.strip() == "Device Minor":
-                    return int(v.strip())
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _read_minors(path: str) -> list[tuple[str, int]]:
-    out = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[1].isdigit():
-                    out.append((parts[0], int(parts[1])))
-    except OSError:
-        pass
-    return out
+    return cdi_hooks.run(args)

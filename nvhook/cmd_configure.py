@@ -1,7 +1,9 @@
 """nvhook configure: nvidia-container-cli configure's replacement.
 
 flags -> Request (libinject.request.cli_flags) -> libinject.pipeline.configure (discover,
-plan, apply_live; the same pipeline as the hook). Heavy imports stay inside run().
+plan, apply live; the same pipeline as the hook). Discovery takes --root/--ldcache/--user
+over config.toml's settings (--config, else the default path), as every command does.
+Heavy imports stay inside run().
 """
 from __future__ import annotations
 
@@ -38,36 +40,27 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("rootfs", metavar="ROOTFS", help="container rootfs (absolute path)")
 
 
-def _debug(path: str | None, msg: str) -> None:
-    if not path:
-        return
-    import time
-
-    try:
-        with open(path, "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} configure: {msg}\n")
-    except OSError:
-        pass  # a debug log must never fail the container
-
-
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from libinject.request import cli_flags as cli_request
+    from libinject import config
+    from libinject.errors import NvhookError
+    from libinject.request import cli_flags
 
-    rootfs = cli_request.check_rootfs(args.rootfs)
-    pid = cli_request.check_pid(args.pid)
-    request = cli_request.build(args)
+    rootfs = cli_flags.check_rootfs(args.rootfs)
+    pid = cli_flags.check_pid(args.pid)
+    request = cli_flags.build(args)
     if not os.path.isdir(rootfs):
-        from libinject.errors import NvhookError
-
         raise NvhookError(f"invalid rootfs directory: {rootfs}")
+    cfg = config.load(args.config)
+    options = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
 
+    from libinject.log import Log
     from libinject.pipeline import configure
 
-    log = (lambda msg: _debug(args.debug, msg)) if args.debug else None
-    edits = configure(request, rootfs, pid=pid, root=args.root or "/", ldcache=args.ldcache,
-                      dry_run=args.dry_run, log=log, in_process=True)
+    log = Log(os.path.abspath(args.debug), level="debug", prefix="configure: ") if args.debug else None
+    edits = configure(request, rootfs, pid=pid, options=options, dry_run=args.dry_run,
+                      log=log.info if log else None, in_process=True)
     if args.json:
         import json
 

@@ -11,22 +11,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def driver_from_args(args: argparse.Namespace):
-    """discover() with the global options, falling back to the config file."""
-    from libinject import config as C
-    from libinject.request.cli_flags import parse_user
-    from libinject.discover.driver import discover
+    """discover() with the global options over config.toml's (libinject.config)."""
+    from libinject import config
 
-    cfg = C.load(getattr(args, "config", None))
-    cli, nv = cfg.cli, cfg.nvhook
-    return discover(
-        getattr(args, "root", None) or cli.root or "/",
-        ldcache=getattr(args, "ldcache", None) or cli.ldcache or None,
-        dev_root=nv.dev_root or None,
-        nvml_timeout=nv.nvml_timeout,
-        user=parse_user(getattr(args, "user", None) or cli.user or None),
-        snapshot=nv.snapshot,
-        snapshot_dir=nv.snapshot_dir or None,
-    )
+    cfg = config.load(getattr(args, "config", None))
+    return cfg.discover_options(root=getattr(args, "root", None), ldcache=getattr(args, "ldcache", None),
+                                user=getattr(args, "user", None)).discover()
 
 
 def render_text(info) -> str:

@@ -19,12 +19,14 @@ import argparse
 import os
 import sys
 
+from libinject.constants import SERVE_SOCKET
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.description = ("Serve the OCI hook from a warm process: the compiled hook front hands "
                      "GPU containers to it and falls back to running Python when it is not there.")
     p.add_argument("--socket", help="unix socket to listen on (default: [nvhook] socket, "
-                                    "/run/nvhook/hook.sock)")
+                                    f"{SERVE_SOCKET})")
     p.add_argument("--timeout", type=float, help="seconds one request may take before its "
                                                   "worker is killed (default: [nvhook] serve-timeout, 60)")
     p.add_argument("--no-warm", action="store_true",
@@ -56,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
         server.log("warning: not running isolated (python -I); start it as `nvhook-hook serve`, "
                    "which execs python -I with a clean environment")
     if not args.no_warm and cfg.nvhook.snapshot:   # snapshot = false: nothing is kept anyway
-        server.warm(args.root or cfg.cli.root or "/", args.ldcache or cfg.cli.ldcache,
-                    cfg.nvhook.dev_root, cfg.nvhook.nvml_timeout, cfg.nvhook.snapshot_dir)
+        server.warm(cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user))
     server.serve_forever()
     return 0
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from libinject.runtime.hook import parse_argv
 from nvhook import cli
 
 
@@ -18,7 +19,7 @@ from nvhook import cli
     ["poststop"],
 ])
 def test_hook_args_match_argparse(argv):
-    fast = cli._hook_args(argv)
+    fast = parse_argv(argv)
     parser = cli._global_parser()
     sub = parser.add_subparsers(dest="command")
     sub.add_parser(argv[-1])
@@ -31,22 +32,24 @@ def test_hook_args_match_argparse(argv):
     ["-h", "prestart"], ["prestart", "extra"], ["configure", "prestart"], ["--config", "-x", "prestart"],
 ])
 def test_unusual_hook_args_go_to_argparse(argv):
-    assert cli._hook_args(argv) is None
+    assert parse_argv(argv) is None
 
 
 def test_hook_stage_does_not_import_argparse():
     """The exec'd hook's start-up: a no-op stage imports no argparse and, of libinject,
-    only its error type."""
+    only the hook runner, the shared names and the error type."""
     code = ("import sys; from nvhook.cli import main; rc = main(['poststart']); "
             "print(rc, 'argparse' in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith('libinject')))")
     r = subprocess.run([sys.executable, "-I", "-c", code], input="{}", capture_output=True,
-                       text=True, cwd=REPO)
-    assert r.stdout.strip().split(maxsplit=2) == ["0", "False", "['libinject', 'libinject.errors']"], \
+                       text=True, cwd=REPO, timeout=60)
+    assert r.stdout.strip().split(maxsplit=2) == [
+        "0", "False", "['libinject', 'libinject.constants', 'libinject.errors', 'libinject.runtime', "
+        "'libinject.runtime.hook']"], \
         r.stdout + r.stderr
 
 
 def test_bad_global_option_is_reported_by_argparse():
     r = subprocess.run([sys.executable, "-I", "-m", "nvhook", "--bogus", "prestart"], input="{}",
-                       capture_output=True, text=True, cwd=REPO)
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr

@@ -22,21 +22,6 @@ def _join(values: list[str] | None) -> str | None:
     return ",".join(values)
 
 
-def parse_user(spec: str | None) -> tuple[int, int] | None:
-    """--user UID[:GID] (numeric, as nvidia-container-cli's str_to_ugid for ids)."""
-    if spec is None or spec == "":
-        return None
-    uid_s, _, gid_s = spec.partition(":")
-    try:
-        uid = int(uid_s)
-        gid = int(gid_s) if gid_s else uid
-    except ValueError:
-        raise NvhookError(f"input error: invalid user: {spec}") from None
-    if uid < 0 or gid < 0:
-        raise NvhookError(f"input error: invalid user: {spec}")
-    return uid, gid
-
-
 def check_rootfs(rootfs: str) -> str:
     if not rootfs.startswith("/") or rootfs.rstrip("/") == "":
         raise NvhookError("input error: invalid rootfs directory")
@@ -78,5 +63,4 @@ def build(args: argparse.Namespace) -> Request:
         no_gsp_firmware=bool(getattr(args, "no_gsp_firmware", False)),
         cuda_compat_mode=mode,
         ldconfig=ldconfig,
-        user=parse_user(getattr(args, "user", None)),
     )

@@ -1,7 +1,8 @@
 """What a container asks for, whatever path it came by (CLI flags, OCI env, CDI).
 
-Built by pure functions (libinject.request.oci_spec for the hook, nvhook.cmd_configure for
-the CLI); consumed by the planner.
+Built by pure functions (libinject.request.oci_spec for the hook and the shim,
+libinject.request.cli_flags for `nvhook configure`); consumed by the planner. Who
+discovery runs as is not part of it: that is host configuration (DiscoverOptions).
 """
 from __future__ import annotations
 
@@ -24,4 +25,3 @@ class Request:
     no_gsp_firmware: bool = False
     cuda_compat_mode: str = "ldconfig"  # "mount" | "ldconfig" | "disabled"
     ldconfig: str = "@/sbin/ldconfig"   # "@PATH" = host path; otherwise a path inside the container
-    user: tuple[int, int] | None = None # uid, gid for discovery

@@ -1,11 +1,14 @@
-"""OCI spec + config -> Request: what a container asks for (DESIGN.md §3).
+"""OCI spec + config -> Request: what a container asks for.
 
 Pure: no I/O, no imports beyond the Request type. Mirrors nvidia-container-runtime-hook
-(container_config.go and internal/config/image):
+(container_config.go and internal/config/image). One builder for every consumer: the
+hook (request_from_spec) and the runtime shim (requested_devices) read the same devices
+from the same spec.
 
 - devices, first that gives any: `/dev/null` volume mounts under
   /var/run/nvidia-container-devices (only when accept-nvidia-visible-devices-as-volume-mounts);
-  CDI annotations naming the default kind (`cdi.k8s.io/*: nvidia.com/gpu=1`; ours: the
+  CDI annotations with a configured prefix (`cdi.k8s.io/*: nvidia.com/gpu=1`; the hook
+  takes the names of the default kind, the shim's cdi mode all of them; the
   annotation-gated hooks.d config relies on it); the swarm-resource variables if the image
   sets any of them, else NVIDIA_VISIBLE_DEVICES. An env list from an unprivileged container
   is ignored unless accept-nvidia-visible-devices-envvar-when-unprivileged (default true).
@@ -27,8 +30,8 @@ from typing import Any
 from libinject.errors import NvhookError
 from libinject.request.model import Request
 
-ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
-DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})
+from libinject.constants import ALL_CAPABILITIES, DEFAULT_CAPABILITIES  # noqa: F401 (re-exported)
+
 DEVICES_ROOT = "/var/run/nvidia-container-devices"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 CAPS = "NVIDIA_DRIVER_CAPABILITIES"
@@ -78,6 +81,14 @@ def wants_gpu(spec: dict[str, Any], config) -> bool:
     return _devices(spec, env, config, is_privileged(spec)) is not None
 
 
+def requested_devices(spec: dict[str, Any], config, say=None) -> tuple[tuple[str, ...], str] | None:
+    """(device ids as the container wrote them, where from: "mounts", "annotations" or
+    "env"), or None for a container that wants no GPU. Annotation ids are CDI names
+    ("nvidia.com/gpu=0", any kind); the others are selection ids, "all" or "none"
+    after NVIDIA's precedence (void > none > all > the list)."""
+    return _requested(spec, container_env(spec), config, is_privileged(spec), say or (lambda m: None))
+
+
 def request_from_spec(spec: dict[str, Any], config, log=None) -> Request | None:
     """The container's Request, or None for a container that wants no GPU.
 
@@ -114,15 +125,31 @@ def request_from_spec(spec: dict[str, Any], config, log=None) -> Request | None:
 
 
 def _devices(spec, env, config, privileged, say=lambda m: None) -> str | None:
+    """The hook's selection string (libinject.plan.select's grammar), or None."""
+    asked = _requested(spec, env, config, privileged, say)
+    if asked is None:
+        return None
+    ids, source = asked
+    if source == "annotations":
+        kind = config.runtime.modes.cdi.default_kind + "="
+        ids = tuple(i[len(kind):] for i in ids if i.startswith(kind) and i[len(kind):])
+        if not ids:
+            say(f"CDI annotations name no {kind[:-1]} device")
+            return None
+        return _special(list(ids))
+    return ",".join(ids)
+
+
+def _requested(spec, env, config, privileged, say) -> tuple[tuple[str, ...], str] | None:
     if config.accept_nvidia_visible_devices_as_volume_mounts:
         found = devices_from_mounts(spec.get("mounts") or ())
         if found:
             say(f"devices from volume mounts: {','.join(found)}")
-            return ",".join(found)
-    found = devices_from_annotations(spec.get("annotations") or {}, config)
+            return _listed(found, "mounts")
+    found = annotation_devices(spec.get("annotations"), config)
     if found:
         say(f"devices from CDI annotations: {','.join(found)}")
-        return _special(found)
+        return tuple(found), "annotations"
     swarm = [v for v in config.swarm_resource_envvars() if v in env]
     names = swarm or [VISIBLE]
     tokens = [t.strip() for n in names for t in env.get(n, "").split(",") if t.strip()]
@@ -131,7 +158,7 @@ def _devices(spec, env, config, privileged, say=lambda m: None) -> str | None:
             tokens = ["all"]  # legacy image, variable unset: all GPUs
         else:
             return None
-    devices = _special(tokens)
+    devices = _listed(tokens, "env")
     if devices is None:
         return None
     if not privileged and not config.accept_nvidia_visible_devices_envvar_when_unprivileged:
@@ -139,6 +166,13 @@ def _devices(spec, env, config, privileged, say=lambda m: None) -> str | None:
             "(accept-nvidia-visible-devices-envvar-when-unprivileged = false)")
         return None
     return devices
+
+
+def _listed(tokens: list[str], source: str) -> tuple[tuple[str, ...], str] | None:
+    special = _special(tokens)
+    if special is None:
+        return None
+    return tuple(special.split(",")), source
 
 
 def _special(tokens: list[str]) -> str | None:
@@ -169,22 +203,18 @@ def devices_from_mounts(mounts) -> list[str]:
     return out
 
 
-def devices_from_annotations(annotations: dict, config) -> list[str]:
-    """Device names of the default CDI kind from annotations with a configured prefix,
-    values "nvidia.com/gpu=0,nvidia.com/gpu=GPU-..." (keys sorted for a stable order)."""
-    cdi = config.runtime.modes.cdi
-    kind = cdi.default_kind + "="
+def annotation_devices(annotations, config) -> list[str]:
+    """CDI device names from annotations with a configured prefix, values
+    "nvidia.com/gpu=0,nvidia.com/gpu=GPU-..." (keys sorted for a stable order)."""
+    if not isinstance(annotations, dict):
+        return []
+    prefixes = config.runtime.modes.cdi.annotation_prefixes
     out: list[str] = []
-    for key in sorted(annotations):
-        if not any(key.startswith(p) for p in cdi.annotation_prefixes):
-            continue
+    for key in sorted(k for k in annotations if isinstance(k, str)):
         value = annotations[key]
-        if not isinstance(value, str):
+        if not any(key.startswith(p) for p in prefixes) or not isinstance(value, str):
             continue
-        for item in value.split(","):
-            item = item.strip()
-            if item.startswith(kind) and item[len(kind):]:
-                out.append(item[len(kind):])
+        out += [item.strip() for item in value.split(",") if item.strip()]
     return out
 
 

@@ -1,4 +1,4 @@
-"""hooks.d configs (OCI hooks 1.0.0, specs/oci-hooks) for CRI-O and podman.
+"""hooks.d configs (the OCI hooks 1.0.0 format) for CRI-O and podman.
 
 Two variants of one hook, installed one at a time (both would run it twice):
 - "always": every container; the hook itself decides (its compiled front exits at once
@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
 
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 PLACEHOLDER_PATH = "/usr/local/libexec/nvhook/nvhook-hook"
 FILES = {"always": "oci-nvhook.json", "annotation": "oci-nvhook-annotated.json"}
-HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOOK_ENV_PATH = f"PATH={SAFE_PATH}"
 WHEN = {
     "always": {"always": True},
     "annotation": {"annotations": {r"^cdi\.k8s\.io/": r"nvidia\.com/gpu="}},
@@ -63,13 +64,12 @@ def install(directory: str = DEFAULT_DIR, variant: str = "always", hook_path: st
         # podman and CRI-O refuse a hooks.d file whose hook path does not exist
         raise NvhookError(f"hook {path} is not an executable file (run `make venv`)")
     doc = render(variant, path, config)
+    from libinject.linux.atomic import write_atomic
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     target = d / FILES[variant]
-    tmp = d / f".{FILES[variant]}.tmp{os.getpid()}"
-    tmp.write_text(dumps(doc))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
+    write_atomic(str(target), dumps(doc).encode(), 0o644)
     for other, name in FILES.items():
         if other != variant:
             (d / name).unlink(missing_ok=True)

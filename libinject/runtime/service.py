@@ -6,7 +6,7 @@ the hook needs, keeps discovery results in memory, and forks a worker per reques
 fork of a warm process costs ~1 ms). csrc/hookfront.c hands GPU containers over on a
 unix socket and falls back to exec'ing Python when no server answers, so the service
 is optional and the hook's behaviour is the same either way: the worker runs
-nvhook.cmd_hook.handle(), the very function the exec'd Python runs.
+libinject.runtime.hook.handle(), the very function the exec'd Python runs.
 
 Protocol (SOCK_SEQPACKET, one message each way, so no framing):
   front -> server: b"NVHOOK1\\0" then items b"a<argv entry>\\0" and b"e<NAME=value>\\0"
@@ -17,9 +17,10 @@ Protocol (SOCK_SEQPACKET, one message each way, so no framing):
       may be partly configured from now on); only then does the worker start. A front
       that gave up waiting for b"A" (5 s) has closed instead, and the worker does nothing.
   server -> front: b"S" + int32 status: the hook's exit status, or CRASHED / TIMED_OUT.
-  Anything else (refused peer, malformed request, a peer we cannot follow into its
-  namespaces, too many requests): the connection closes or b"S" comes without b"A",
-  and the front execs Python as if no server were there.
+  Anything else (refused peer, malformed request, argv the hook's parser does not take,
+  a peer we cannot follow into its namespaces, too many requests): the connection closes
+  or b"S" comes without b"A", and the front execs Python as if no server were there.
+  (A client in Python, for tests: tests/support/serve_client.py.)
 
 Trust: only uid 0 peers (SO_PEERCRED) are served, on a socket in a root-only dir.
 The server never takes env from the container (that is data in config.json) nor from
@@ -27,7 +28,7 @@ the runtime beyond the two config entries above; it never runs container code.
 
 The worker becomes the front as far as the hook can tell: it joins the front's
 mount and cgroup namespaces (a runtime may run hooks in a private mount namespace,
-e.g. runc on cgroup v2 in tests/support/runc.py), its root and cwd, and takes its
+e.g. runc on cgroup v2 in tests), its root and cwd, and takes its
 stdio. Everything is imported before that: after setns the filesystem is the front's.
 """
 from __future__ import annotations
@@ -44,14 +45,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from libinject.constants import CONFIGURE_STAGES, SAFE_PATH
 from libinject.errors import NvhookError
+from libinject.linux.child import Child
 
 MAGIC = b"NVHOOK1"
 MAX_REQUEST = 64 << 10          # argv + two env entries: a few hundred bytes in practice
 NFDS = 5                        # state, stdout, stderr, cwd, root
 ALLOWED_ENV = ("NVHOOK_CONFIG", "XDG_CONFIG_HOME")
-HOOK_STAGES = ("prestart", "createContainer")
-PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ACCEPTED = b"A"
 GO = b"G"
 STATUS = b"S"
@@ -74,7 +75,10 @@ PRELOAD = (
     "libinject.discover.ldcache", "libinject.discover.libraries", "libinject.plan.select", "libinject.plan.require",
     "libinject.plan.procfs", "libinject.plan.planner", "libinject.apply.rootfs", "libinject.apply.ldconfig",
     "libinject.apply.live", "libinject.apply.cgroups", "libinject.apply.bpf",
-    "nvhook.cli", "nvhook.cmd_hook",
+    "libinject.log", "libinject.request.user", "libinject.discover.options",
+    "libinject.runtime.hook", "libinject.constants", "libinject.linux.child",
+    "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
+    "libinject.linux.atomic",
 )
 
 
@@ -97,10 +101,16 @@ class Request:
     env: dict[str, str] = field(default_factory=dict)
 
     @property
-    def stage(self) -> str | None:
-        from nvhook.cli import _find_command
+    def args(self):
+        """The hook's global options and stage (None: not argv the hook takes as is)."""
+        from libinject.runtime.hook import parse_argv
 
-        return _find_command(list(self.argv[1:]))
+        return parse_argv(list(self.argv[1:]))
+
+    @property
+    def stage(self) -> str | None:
+        args = self.args
+        return args.command if args is not None else None
 
 
 def parse_request(data: bytes) -> Request:
@@ -126,14 +136,6 @@ def parse_request(data: bytes) -> Request:
     if len(argv) < 2:
         raise ValueError("no command")
     return Request(tuple(argv), env)
-
-
-def encode_request(argv: list[str], env: dict[str, str]) -> bytes:
-    """What hookfront.c sends (for tests and other clients)."""
-    out = [MAGIC]
-    out += [b"a" + a.encode() for a in argv]
-    out += [b"e" + f"{k}={v}".encode() for k, v in env.items()]
-    return b"\0".join(out) + b"\0"
 
 
 # -- discovery, remembered --------------------------------------------------------------
@@ -274,8 +276,7 @@ def bind(path: str) -> tuple[socket.socket, int, os.stat_result]:
 
 @dataclass
 class _Job:
-    pid: int
-    pidfd: int
+    child: Child                # the worker: its own process group (ldconfig, NVML with it)
     conn: socket.socket
     learned: int                # memfd the worker writes new discovery results to
     peer: int
@@ -295,7 +296,7 @@ class Server:
         self.log_fd = log_fd
         self.verbose = verbose
         self.cache = DriverCache()
-        self.jobs: dict[int, _Job] = {}          # by pidfd
+        self.jobs: dict[int, _Job] = {}          # by the worker's pidfd
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.sock: socket.socket | None = None
@@ -323,13 +324,11 @@ class Server:
             signal.signal(sig, self._on_signal)
         self.log(f"listening on {self.path} (pid {os.getpid()})")
 
-    def warm(self, root: str, ldcache: str | None, dev_root: str | None, nvml_timeout: float,
-             snapshot_dir: str | None) -> None:
-        """Discover once in our own namespace, so the first container is served warm."""
+    def warm(self, options) -> None:
+        """Discover once in our own namespace (DiscoverOptions), so the first container
+        is served warm."""
         try:
-            d = self.cache.discover(root, ldcache=ldcache or None, dev_root=dev_root or None,
-                                    nvml_timeout=nvml_timeout, snapshot=True,
-                                    snapshot_dir=snapshot_dir or None)
+            d = options.discover(self.cache.discover)
             self.log(f"warm: driver {d.info.driver_version}, {len(d.info.gpus)} GPUs under {d.root}")
         except NvhookError as e:
             self.log(f"warm: {e} (discovering per request)")
@@ -358,8 +357,7 @@ class Server:
     def close(self) -> None:
         self._close_listener()
         for job in list(self.jobs.values()):
-            self._kill(job)
-            os.waitpid(job.pid, 0)
+            job.child.reap()
             self._done(job, TIMED_OUT)
         if self.lock >= 0:
             os.close(self.lock)
@@ -415,59 +413,51 @@ class Server:
             finally:
                 os._exit(code)
         try:
-            pidfd = os.pidfd_open(worker)
+            child = Child(worker, group=True)
         except OSError:                     # pragma: no cover - kernels before 5.3
-            os.waitpid(worker, 0)
+            os.kill(worker, signal.SIGKILL)
+            os.waitpid(worker, 0)           # killed: returns at once
             conn.close()
             os.close(learned)
             return
         now = time.monotonic()
-        job = _Job(worker, pidfd, conn, learned, pid, now, now + self.timeout)
-        self.jobs[pidfd] = job
-        self.sel.register(pidfd, selectors.EVENT_READ, "job")
-
-    def _kill(self, job: _Job) -> None:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)      # the worker and its children (ldconfig, NVML)
-        except ProcessLookupError:
-            pass
-        try:
-            os.kill(job.pid, signal.SIGKILL)        # in case it died before its setsid()
-        except ProcessLookupError:
-            pass
+        job = _Job(child, conn, learned, pid, now, now + self.timeout)
+        self.jobs[child.pidfd] = job
+        self.sel.register(child.pidfd, selectors.EVENT_READ, "job")
 
     def _expire(self) -> None:
         now = time.monotonic()
         for job in list(self.jobs.values()):
             if now >= job.deadline and not job.timed_out:
-                self.log(f"request from pid {job.peer}: worker {job.pid} timed out after "
+                self.log(f"request from pid {job.peer}: worker {job.child.pid} timed out after "
                          f"{self.timeout:g}s, killed")
                 job.timed_out = True
                 job.deadline = now + 3600           # its exit ends it
-                self._kill(job)
+                job.child.kill()
 
     def _finish(self, job: _Job) -> None:
-        _, status = os.waitpid(job.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        code = job.child.wait(0)            # its pidfd is readable: it has exited
+        if code is None:
+            return
         if job.timed_out:
             code = TIMED_OUT
         elif code < 0:
-            self.log(f"request from pid {job.peer}: worker {job.pid} died of signal {-code}")
+            self.log(f"request from pid {job.peer}: worker {job.child.pid} died of signal {-code}")
             code = CRASHED
         else:
             try:
                 size = os.fstat(job.learned).st_size
                 if size:
                     n = self.cache.load_new(os.pread(job.learned, size, 0))
-                    self.log(f"learned {n} driver(s) from worker {job.pid}")
+                    self.log(f"learned {n} driver(s) from worker {job.child.pid}")
             except (OSError, ValueError, KeyError, TypeError) as e:
-                self.log(f"ignoring worker {job.pid}'s discovery results: {e}")
+                self.log(f"ignoring worker {job.child.pid}'s discovery results: {e}")
         self._done(job, code)
 
     def _done(self, job: _Job, code: int) -> None:
-        self.sel.unregister(job.pidfd)
-        del self.jobs[job.pidfd]
-        os.close(job.pidfd)
+        self.sel.unregister(job.child.pidfd)
+        del self.jobs[job.child.pidfd]
+        job.child.close()
         os.close(job.learned)
         try:
             job.conn.send(STATUS + struct.pack("i", code), socket.MSG_NOSIGNAL)
@@ -535,7 +525,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             keep.add(self.server.log_fd)
         _close_all_but(keep)
         os.environ.clear()
-        os.environ.update({"PATH": PATH_ENV, **req.env})
+        os.environ.update({"PATH": SAFE_PATH, **req.env})
         from libinject.linux import native
 
         try:
@@ -567,14 +557,11 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
                 return 0
             own_pid = self.peer
 
-        from nvhook import cli, cmd_hook
+        from libinject.runtime import hook
 
         if self.server.verbose:
             self.log(f"request from pid {self.peer}: {' '.join(req.argv[1:])} cwd={cwd} "
                      f"env=[{' '.join(sorted(os.environ))}]")
-        parser = cli._global_parser()
-        sub = parser.add_subparsers(dest="command")
-        cmd_hook.add_arguments(sub.add_parser(req.stage), req.stage)
         try:
             self.conn.send(ACCEPTED, socket.MSG_NOSIGNAL)
             if self.conn.recv(16) != GO:
@@ -582,14 +569,12 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         except OSError:
             return 0
         try:
-            try:
-                args = parser.parse_args(list(req.argv[1:]))
-            except SystemExit as e:     # argparse said why on stderr (the front's)
-                return int(e.code or 0) if not isinstance(e.code, str) else 2
-            code = cmd_hook.handle(req.stage, state, args, cwd=cwd, own_pid=own_pid,
-                                   discover=self.server.cache.discover)
+            code = hook.handle(req.stage, state, req.args, cwd=cwd, own_pid=own_pid,
+                               discover=self.server.cache.discover)
         except BaseException as e:  # noqa: BLE001 - a bug: one line for the runtime
-            sys.stderr.write(f"nvhook: hook service: {type(e).__name__}: {e}\n")
+            from libinject.errors import report
+
+            report(f"hook service: {type(e).__name__}: {e}")
             code = INTERNAL
         finally:
             try:
@@ -625,7 +610,9 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             req = parse_request(data)
         except (ValueError, UnicodeDecodeError) as e:
             return decline(str(e))
-        if req.stage not in HOOK_STAGES:
+        if req.args is None:
+            return decline("arguments the hook's parser does not take as they are")
+        if req.stage not in CONFIGURE_STAGES:
             return decline(f"stage {req.stage!r} is not served")
         st = os.fstat(fds[0])
         if not stat.S_ISREG(st.st_mode):
@@ -667,41 +654,3 @@ def _close_all_but(keep: set[int]) -> None:
                 os.close(fd)
             except OSError:
                 pass
-
-
-# -- a client, for tests and tools ----------------------------------------------------------
-
-def call(path: str, argv: list[str], state: bytes, env: dict[str, str] | None = None,
-         stdout: int = 1, stderr: int = 2, cwd: str = "/") -> int | None:
-    """Do what hookfront.c does: hand a hook request to the server at path. Returns the
-    status, or None when the front would fall back to exec'ing Python."""
-    mfd = os.memfd_create("nvhook-state", os.MFD_CLOEXEC)
-    cfd = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    rfd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        os.write(mfd, state)
-        try:
-            s.settimeout(5.0)           # as hookfront.c's SERVE_WAIT_S
-            s.connect(path)
-            s.sendmsg([encode_request(argv, env or {})],
-                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                        struct.pack(f"{NFDS}i", mfd, stdout, stderr, cfd, rfd))])
-            first = s.recv(16)
-        except OSError:
-            return None
-        if first != ACCEPTED:
-            return None
-        try:
-            s.send(GO)
-        except OSError:
-            return None
-        s.settimeout(None)
-        last = s.recv(16)
-        if len(last) != 5 or last[:1] != STATUS:
-            return CRASHED
-        return struct.unpack("i", last[1:])[0]
-    finally:
-        s.close()
-        for fd in (mfd, cfd, rfd):
-            os.close(fd)

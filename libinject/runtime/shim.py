@@ -7,8 +7,10 @@ the cwd) is rewritten atomically (temp file in the bundle + rename) according to
 mode in config.toml ([nvidia-container-runtime] mode):
 - legacy: add our OCI prestart hook once (the compiled front .venv/bin/nvhook-hook
   when installed, else `nvhook prestart`); it does the work at container start.
-- cdi: devices requested by `cdi.k8s.io/*` annotations (modes.cdi.annotation-prefixes)
-  or else by NVIDIA_VISIBLE_DEVICES; unqualified ids ("0", "all", "GPU-..") name
+- cdi: the devices the spec asks for, read as the hook reads them
+  (libinject.request.oci_spec: volume mounts when accepted, `cdi.k8s.io/*` annotations
+  (modes.cdi.annotation-prefixes), the swarm-resource variables or NVIDIA_VISIBLE_DEVICES,
+  the unprivileged-envvar policy, legacy CUDA_VERSION images); unqualified ids ("0", "all", "GPU-..") name
   devices of modes.cdi.default-kind; the edits of those devices and of their specs
   (modes.cdi.spec-dirs) are applied as podman would (libinject.apply.spec), device
   cgroup rules included. An unknown device fails the create, changing nothing.
@@ -25,16 +27,15 @@ import json
 import os
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
 
 # runc/crun global options that take a value (the command is the first non-option).
 _GLOBAL_VALUED = {"--log", "--log-format", "--root", "--criu", "--rootless", "--cgroup-manager"}
 _CREATE_VALUED = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds"}
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MODES = ("legacy", "cdi", "csv", "auto")
 LEGACY_HOOK_NAMES = ("nvhook-hook", "nvidia-container-runtime-hook")
 
@@ -99,48 +100,20 @@ def parse_args(argv: Sequence[str]) -> RuncArgs:
     return out
 
 
-class Log:
-    """Our lines in runc's log file, in runc's format (containerd reads it)."""
+def Log(path: str, fmt: str = "text", debug: bool = False, extra: str = ""):
+    """Our lines in runc's log file, in runc's format (containerd reads it), and in
+    [nvidia-container-runtime] debug."""
+    from libinject.log import Log as _Log
 
-    def __init__(self, path: str, fmt: str = "text", debug: bool = False, extra: str = ""):
-        self.paths = [p for p in (path, extra) if p and p != "/dev/null"]
-        self.json = fmt == "json"
-        self.debug_on = debug
-
-    def _write(self, level: str, msg: str) -> None:
-        t = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
-        msg = f"nvhook-runtime: {msg}"
-        if self.json:
-            line = json.dumps({"level": level, "msg": msg, "time": stamp})
-        else:
-            line = f"time={json.dumps(stamp)} level={level} msg={json.dumps(msg)}"
-        for p in self.paths:
-            try:
-                fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-                try:
-                    os.write(fd, (line + "\n").encode())
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass   # a log we cannot write never fails the container
-
-    def info(self, msg: str) -> None:
-        self._write("info", msg)
-
-    def debug(self, msg: str) -> None:
-        if self.debug_on:
-            self._write("debug", msg)
-
-    def error(self, msg: str) -> None:
-        self._write("error", msg)
+    return _Log(path, extra, level="debug" if debug else "info",
+                fmt="json" if fmt == "json" else "text", prefix="nvhook-runtime: ")
 
 
 def find_runtime(runtimes: Sequence[str], path: str | None = None) -> str:
     """The first of `runtimes` that exists (a path, or a name looked up in PATH),
     never ourselves."""
     me = {os.path.realpath(p) for p in (sys.argv[0], shutil.which("nvhook-runtime") or "") if p}
-    search = path if path is not None else os.environ.get("PATH") or DEFAULT_PATH
+    search = path if path is not None else os.environ.get("PATH") or SAFE_PATH
     for r in runtimes:
         cand = r if "/" in r else shutil.which(r, path=search)
         if cand and os.access(cand, os.X_OK) and os.path.realpath(cand) not in me:
@@ -150,29 +123,19 @@ def find_runtime(runtimes: Sequence[str], path: str | None = None) -> str:
 
 # --- modes ------------------------------------------------------------------------------
 
-def container_env(spec: dict[str, Any]) -> dict[str, str]:
-    from libinject.request.oci_spec import container_env as env
+def requested_devices(spec: dict[str, Any], cfg, say=None) -> tuple[list[str], str]:
+    """(device requests, where from), by the hook's own reading of the spec
+    (libinject.request.oci_spec.requested_devices): the same sources, precedence and
+    policy. "none" asks for no device here (our CDI specs have no driver-only device)."""
+    from libinject.request.oci_spec import requested_devices as asked
 
-    return env(spec)
-
-
-def requested_devices(spec: dict[str, Any], cfg) -> tuple[list[str], str]:
-    """(device requests, where from): CDI annotations win over NVIDIA_VISIBLE_DEVICES."""
-    cdi_cfg = cfg.runtime.modes.cdi
-    ann = spec.get("annotations") or {}
-    from_ann: list[str] = []
-    for key in sorted(ann):
-        if any(key.startswith(p) for p in cdi_cfg.annotation_prefixes) and isinstance(ann[key], str):
-            from_ann += [v.strip() for v in ann[key].split(",") if v.strip()]
-    if from_ann:
-        return from_ann, "annotations"
-    value = container_env(spec).get("NVIDIA_VISIBLE_DEVICES")
-    if value is None:
-        return [], "env"
-    devs = [v.strip() for v in value.split(",") if v.strip()]
-    if any(d.lower() in ("void", "none") for d in devs) or not devs:
-        return [], "env"
-    return devs, "env"
+    found = asked(spec, cfg, say)
+    if found is None:
+        return [], "none"
+    ids, source = found
+    if source != "annotations" and ids == ("none",):
+        return [], source
+    return list(ids), source
 
 
 def resolve_mode(mode: str, devices: Sequence[str]) -> str:
@@ -192,7 +155,7 @@ def legacy_hook() -> dict[str, Any]:
     """The prestart hook entry: the compiled front beside our interpreter if built."""
     bindir = os.path.dirname(os.path.abspath(sys.executable))
     front = os.path.join(bindir, "nvhook-hook")
-    env = [f"PATH={DEFAULT_PATH}"]
+    env = [f"PATH={SAFE_PATH}"]
     for k in ("NVHOOK_CONFIG", "XDG_CONFIG_HOME"):
         if os.environ.get(k):
             env.append(f"{k}={os.environ[k]}")
@@ -262,7 +225,7 @@ def apply_csv_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) 
 
 
 def _hook_env() -> tuple[str, ...]:
-    env = [f"PATH={DEFAULT_PATH}"]
+    env = [f"PATH={SAFE_PATH}"]
     for k in ("NVHOOK_CONFIG", "XDG_CONFIG_HOME"):
         if os.environ.get(k):
             env.append(f"{k}={os.environ[k]}")
@@ -271,7 +234,7 @@ def _hook_env() -> tuple[str, ...]:
 
 def modify(spec: dict[str, Any], cfg, log: Log) -> bool:
     """Edit spec for the configured mode; True if it changed."""
-    devices, source = requested_devices(spec, cfg)
+    devices, source = requested_devices(spec, cfg, log.debug)
     mode = resolve_mode(cfg.runtime.mode, devices)
     log.debug(f"mode {cfg.runtime.mode} -> {mode}; devices {devices or 'none'} from {source}")
     if mode == "legacy":

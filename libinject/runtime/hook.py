@@ -1,0 +1,163 @@
+"""The OCI hook: one container's whole job, for the exec'd hook and the hook service.
+
+  state (stdin) -> <bundle>/config.json -> Request (libinject.request.oci_spec, pure)
+        -> libinject.pipeline.configure (discover, plan, apply live) with the container pid.
+
+The runtime runs `nvhook [global options] STAGE` (normally through csrc/hookfront.c, which
+skips Python for containers that cannot want a GPU); `nvhook serve` workers call handle()
+with what the front handed them. Isolation (CVE-2025-23266): the front starts
+`python -I` with an explicit environment; the cwd is left for "/" before anything else
+and every child gets an explicit env. The container's env is data read from config.json.
+
+A container that wants no GPU exits 0 having imported json, the state/request modules
+and the config reader only. Errors: one line on stderr ("nvhook: ..."), exit 1, so the
+runtime's create fails with it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+from libinject.constants import CONFIGURE_STAGES, HOOK_STAGES
+
+# Global options that take a value (nvhook's CLI shares this list).
+GLOBAL_VALUED = ("--root", "--ldcache", "--user", "--debug", "--config")
+
+
+def parse_argv(argv: list[str]) -> SimpleNamespace | None:
+    """A hook stage as runtimes call it (`[--config F] [--debug F] ... STAGE`), parsed
+    without argparse (building it is ~15 ms of the exec'd hook's start-up). Anything
+    else (--opt=value, -h, a typo) gives None: the CLI's argparse parses and reports it,
+    and the hook service declines it (the front then execs the CLI)."""
+    ns = SimpleNamespace(root=None, ldcache=None, user=None, debug=None, load_kmods=False,
+                         config=None, command=None)
+    i = 0
+    while i < len(argv) - 1:
+        a = argv[i]
+        if a in GLOBAL_VALUED and not argv[i + 1].startswith("-"):
+            setattr(ns, a[2:].replace("-", "_"), argv[i + 1])
+            i += 2
+        elif a == "--load-kmods":
+            ns.load_kmods = True
+            i += 1
+        else:
+            return None
+    if i != len(argv) - 1 or argv[i] not in HOOK_STAGES:
+        return None
+    ns.command = argv[i]
+    return ns
+
+
+def _start_cwd() -> str | None:
+    # hookfront chdirs to "/" before exec and tells us where the runtime started it.
+    cwd = os.environ.get("NVHOOK_HOOK_CWD")
+    if cwd:
+        return cwd
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def run(args) -> int:
+    """The exec path: the state on stdin, the cwd the front reports."""
+    cwd = _start_cwd()
+    os.chdir("/")
+    stage = args.command
+    if stage not in CONFIGURE_STAGES:
+        try:
+            sys.stdin.buffer.read(1 << 20)  # drain: a runtime writing the state must not get EPIPE
+        except (OSError, ValueError):
+            pass
+        return 0
+    from libinject.request.oci_state import MAX_STATE_BYTES
+
+    try:
+        data = sys.stdin.buffer.read(MAX_STATE_BYTES + 1)
+    except (OSError, ValueError) as e:
+        from libinject.errors import report
+
+        report(f"cannot read the container state: {e}")
+        return 1
+    return handle(stage, data, args, cwd=cwd)
+
+
+def handle(stage: str, state: bytes, args, *, cwd: str | None,
+           environ: dict[str, str] | None = None, own_pid: int | None = None,
+           discover=None) -> int:
+    """The hook's whole job for one container, for both paths: the exec'd Python (run)
+    and a `nvhook serve` worker (libinject.runtime.service). Errors: one line on stderr
+    ("nvhook: ..."), exit status 1.
+
+    state: the state JSON as read from stdin (at most MAX_STATE_BYTES + 1 bytes);
+    args: the global options (parse_argv's); cwd: where the runtime started the hook
+    (a relative bundle is taken from there); environ: where the config is looked up
+    (default os.environ); own_pid: the hook process's pid as /proc counts it (the
+    createContainer stage stands it in for the container; default: /proc/self);
+    discover: libinject.discover.driver.discover or a stand-in (the service's cache)."""
+    from libinject.errors import NvhookError, report
+
+    try:
+        return _handle(stage, state, args, cwd, environ, own_pid, discover)
+    except NvhookError as e:
+        report(e)
+        return 1
+
+
+def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
+    from libinject import config as config_mod
+    from libinject.errors import NvhookError
+    from libinject.log import Log
+    from libinject.request import oci_state
+    from libinject.request.oci_spec import request_from_spec
+
+    if args.debug and not os.path.isabs(args.debug):
+        raise NvhookError(f"--debug {args.debug}: the hook's log file must be an absolute path")
+    log = Log(args.debug or "", level="debug")
+    try:
+        cfg = config_mod.load(args.config, environ)
+        log = Log(args.debug or cfg.log_file(), level="debug" if args.debug else cfg.log_level())
+        if len(data) > oci_state.MAX_STATE_BYTES:
+            raise NvhookError(f"container state on stdin is larger than {oci_state.MAX_STATE_BYTES} bytes")
+        state = oci_state.parse_state(data)
+        log.ident = f"{state.id[:12]}: "
+        bundle = oci_state.bundle_dir(state, cwd)
+        spec = oci_state.load_config(bundle)
+        log.debug(f"{stage}: status={state.status} pid={state.pid} bundle={bundle} config={cfg.source or 'defaults'}")
+        request = request_from_spec(spec, cfg, log.debug)
+        if request is None:
+            log.info(f"{stage}: not a GPU container, nothing to do")
+            return 0
+        return _configure(stage, state, spec, bundle, request, cfg, args, log, own_pid, discover)
+    except NvhookError as e:
+        log.error(f"{stage}: {e}")
+        raise
+    except Exception as e:  # a bug or an unexpected OS error: still one line for the runtime
+        import traceback
+
+        log.error(f"{stage}: {traceback.format_exc()}")
+        raise NvhookError(f"{stage} hook failed: {type(e).__name__}: {e}") from None
+
+
+def _configure(stage, state, spec, bundle, request, cfg, args, log, own_pid=None,
+               discover=None) -> int:
+    from libinject.pipeline import configure
+    from libinject.request import oci_state
+
+    if stage == "createContainer" and own_pid is not None:
+        pid = own_pid   # served: the front's pid (it runs in the container's namespaces)
+    else:
+        pid = oci_state.container_pid(state, stage)
+    rootfs = oci_state.rootfs_path(spec, bundle)
+    if not os.path.isdir(rootfs):
+        from libinject.errors import NvhookError
+
+        raise NvhookError(f"rootfs {rootfs} is not a directory")
+    options = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
+    log.info(f"{stage}: configuring pid={pid} rootfs={rootfs} devices={request.devices} "
+             f"capabilities={','.join(sorted(request.capabilities))}")
+    configure(request, rootfs, pid=pid, options=options, log=log.info, discover_fn=discover,
+              in_process=True)
+    log.info(f"{stage}: done")
+    return 0
