@@ -63,7 +63,7 @@ static const char *const TRIGGERS[] = {
 };
 /* config.toml keys that widen what can ask for a GPU beyond TRIGGERS */
 static const char *const CONF_KEYS[] = {"swarm-resource", "annotation-prefixes", NULL};
-/* global options of nvhook that take a value (nvhook/cli.py _VALUED) */
+/* global options of nvhook that take a value (libinject/runtime/hook.py GLOBAL_VALUED) */
 static const char *const VALUED[] = {"--root", "--ldcache", "--user", "--debug", "--config", NULL};
 /* Python runs with -I -S: no site module, so none of site-packages' .pth files (~20 ms of
  * start-up); the import path is the one `make venv` baked in (the package's and the

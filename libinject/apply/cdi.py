@@ -1,6 +1,6 @@
 """CDI (Container Device Interface) specs: ContainerEdits <-> CDI, generate, load, resolve.
 
-One pipeline (DESIGN.md §2): `cdi generate` discovers the driver once, plans each
+One pipeline (README "Layout"): `cdi generate` discovers the driver once, plans each
 device with libinject.plan.planner exactly as the hook would (a Request per device), and
 serialises those ContainerEdits. What every device's plan shares (libraries, binaries,
 firmware, IPC, control devices, symlinks, ldconfig) goes to the spec-level

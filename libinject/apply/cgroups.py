@@ -1,5 +1,5 @@
 """Let a running container open device nodes: cgroup v1 `devices.allow` and cgroup v2
-eBPF device programs (DESIGN.md §5).
+eBPF device programs.
 
 Finding the cgroup (as nvidia-container-cli does): the caller runs in the host's (or the
 runtime's) mount namespace. /proc/PID/cgroup and /proc/self/mountinfo both show cgroup

@@ -1,4 +1,4 @@
-"""Update a container's dynamic linker cache, safely (DESIGN.md §5, CVE-2025-23267).
+"""Update a container's dynamic linker cache, safely (CVE-2025-23267).
 
 ldconfig runs in a sandboxed child: its own private copy of the (container's) mount
 namespace, pivoted into the rootfs with the old root detached, so every path it

@@ -1,4 +1,4 @@
-"""The live applier: make ContainerEdits real in a container's rootfs (DESIGN.md §5).
+"""The live applier: make ContainerEdits real in a container's rootfs.
 
 Work happens in a forked child, so the caller keeps its mount namespace and its
 capabilities:

@@ -6,7 +6,7 @@ the rootfs and never leave it, even when swapped in between two operations. New
 entries are made with *at() calls on the resolved parent fd without following the
 last component, and owned by the rootfs owner (the container's owner). Mounts are
 attached to the resolved target fd with move_mount(), never through a path.
-(DESIGN.md §5; CVE-2024-0132, CVE-2024-0133, CVE-2025-23359, CVE-2024-0134.)
+(README "Security model"; CVE-2024-0132, CVE-2024-0133, CVE-2025-23359, CVE-2024-0134.)
 
 A Journal records every mount and every entry created or replaced; rollback() undoes
 them in reverse order (all-or-nothing apply).

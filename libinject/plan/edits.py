@@ -5,7 +5,7 @@ One plan, three appliers: live (libinject.apply.live: hook and configure), OCI s
 container; host paths are absolute on the host. Serialisable with to_dict/from_dict
 (used by --dry-run --json and the snapshot cache).
 
-Mount kinds, in the order the live applier applies them (DESIGN.md §5):
+Mount kinds, in the order the live applier applies them (libinject/apply/live.py):
     binary, library, firmware, ipc, procfs-gpu
 Device nodes: control devices first, then per-GPU, then MIG capabilities and IMEX.
 """

@@ -1,7 +1,7 @@
 """The planner: (Request, Driver) -> ContainerEdits.
 
-What goes in follows libnvidia-container's nvc_driver_mount / nvc_device_mount
-(DESIGN.md §4-§5), in the order the live applier applies it:
+What goes in follows libnvidia-container's nvc_driver_mount / nvc_device_mount, in
+the order the live applier applies it:
 procfs, binaries, libraries, symlinks, CUDA compat, firmware, IPC, control devices,
 GPU devices, MIG capabilities (nodes, and their /proc/driver/nvidia/capabilities files
 copied into the procfs edit), IMEX channels, ldconfig folders, cgroup rules.

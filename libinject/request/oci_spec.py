@@ -10,8 +10,9 @@ from the same spec.
   CDI annotations with a configured prefix (`cdi.k8s.io/*: nvidia.com/gpu=1`; the hook
   takes the names of the default kind, the shim's cdi mode all of them; the
   annotation-gated hooks.d config relies on it); the swarm-resource variables if the image
-  sets any of them, else NVIDIA_VISIBLE_DEVICES. An env list from an unprivileged container
-  is ignored unless accept-nvidia-visible-devices-envvar-when-unprivileged (default true).
+  sets any of them, else NVIDIA_VISIBLE_DEVICES. Whatever the source, an unprivileged
+  container's request is ignored unless accept-nvidia-visible-devices-envvar-when-unprivileged
+  (default true).
   void / empty / unset -> not a GPU container (None); with a legacy CUDA_VERSION image,
   unset means all. Among several values void > none > all > a list.
 - capabilities: unset -> utility,compute; `all` -> every supported; a legacy image with
@@ -141,6 +142,19 @@ def _devices(spec, env, config, privileged, say=lambda m: None) -> str | None:
 
 
 def _requested(spec, env, config, privileged, say) -> tuple[tuple[str, ...], str] | None:
+    found = _requested_any(spec, env, config, say)
+    if found is None:
+        return None
+    # NVIDIA's rule, for every source (volume mounts, annotations, env): an unprivileged
+    # container gets devices only when the config accepts its request.
+    if not privileged and not config.accept_nvidia_visible_devices_envvar_when_unprivileged:
+        say(f"ignoring the devices requested by {found[1]} in an unprivileged container "
+            "(accept-nvidia-visible-devices-envvar-when-unprivileged = false)")
+        return None
+    return found
+
+
+def _requested_any(spec, env, config, say) -> tuple[tuple[str, ...], str] | None:
     if config.accept_nvidia_visible_devices_as_volume_mounts:
         found = devices_from_mounts(spec.get("mounts") or ())
         if found:
@@ -158,14 +172,7 @@ def _requested(spec, env, config, privileged, say) -> tuple[tuple[str, ...], str
             tokens = ["all"]  # legacy image, variable unset: all GPUs
         else:
             return None
-    devices = _listed(tokens, "env")
-    if devices is None:
-        return None
-    if not privileged and not config.accept_nvidia_visible_devices_envvar_when_unprivileged:
-        say(f"ignoring {'/'.join(names)} in an unprivileged container "
-            "(accept-nvidia-visible-devices-envvar-when-unprivileged = false)")
-        return None
-    return devices
+    return _listed(tokens, "env")
 
 
 def _listed(tokens: list[str], source: str) -> tuple[tuple[str, ...], str] | None:

@@ -1,6 +1,6 @@
 """The OCI state a runtime gives a hook on stdin, and the bundle it points at.
 
-Runtimes differ (RUNTIMES.md): runc says ociVersion "1.0.2-dev", crun "1.0" and adds
+Runtimes differ (tests/test_oci_state.py has each variant): runc says ociVersion "1.0.2-dev", crun "1.0" and adds
 `root`; status is creating/created/starting/running/stopped depending on runtime and
 stage; pid is the host pid in prestart, 1 (runc) or 0 (crun) in createContainer and
 absent in poststop. Old runc (before 17.06) wrote `bundlePath` instead of `bundle`.

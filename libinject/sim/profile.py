@@ -61,7 +61,7 @@ DEFAULT_PROFILE = "a100x8"
 class LibSpec:
     name: str               # "libcuda"
     soname: str | None      # "libcuda.so.1"; None: versioned, "<name>.so.<driver version>"
-    capability: str         # which capability injects it (DESIGN.md §4)
+    capability: str         # which capability injects it (libinject/discover/libraries.py)
     i386: bool = False      # the driver ships a 32-bit copy
 
     def file_name(self, version: str) -> str:

@@ -1,4 +1,4 @@
-"""A minimal container rootfs without an image registry (RUNTIMES.md):
+"""A minimal container rootfs without an image registry:
 static busybox, the host's glibc, an ld.so.conf that includes ld.so.conf.d.
 
 Used by `nvhook sim rootfs`, `make demo` and the tests.

@@ -1,3 +1,3 @@
 """The CDI JSON schema (cncf-tags/container-device-interface @05ae4b5, spec 1.1.0),
 shipped with the package so `nvhook cdi validate` needs nothing outside it.
-tests/test_cdi_validate.py checks these files equal ../shared/specs/cdi/."""
+tests/test_cdi.py checks these files equal the upstream CDI schema."""
