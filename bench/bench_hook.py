@@ -7,7 +7,7 @@ ratio to NVIDIA's stack measured on this machine kind (hook + nvidia-container-c
 ~32 ms for 1 GPU, ~36 ms for 8 GPUs all caps; its Go hook alone ~5-7 ms for no GPU).
 Then 20 containers with 1 GPU started in parallel: all must succeed.
 
-The GPU cases run twice: exec'd (the front execs Python; NVHOOK_SOCKET=none) and served
+The GPU cases run twice: exec'd (the front execs Python; --socket none) and served
 (the front hands them to a warm `nvhook serve`, libinject/runtime/service.py, started here on
 a private socket); the parallel case too.
 
@@ -105,8 +105,8 @@ def main() -> int:
         cfg.write_text(f'[nvidia-container-cli]\nroot = "{host}"\n'
                        f'[nvhook]\nsnapshot = {snapshot}\nsnapshot-dir = "{work}/snapshots"\n')
         sock = work / "serve/hook.sock"
-        hook = hookenv.hook_entry(cfg, env=["NVHOOK_SOCKET=none"])
-        served = hookenv.hook_entry(cfg, env=[f"NVHOOK_SOCKET={sock}"])
+        hook = hookenv.hook_entry(cfg, socket="none")
+        served = hookenv.hook_entry(cfg, socket=str(sock))
         state = work / "runc"
         bundles = {name: _bundle(work, name, rootfs, env, served if name.endswith(SERVED) else hook)
                    for name, env in cases.items()}

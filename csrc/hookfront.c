@@ -17,13 +17,20 @@
  *   A config.json spelling a trigger with \u escapes goes unseen: that only denies the
  *   container GPUs, it never grants anything.
  *
- * A GPU container goes first to `nvhook serve` if one listens on $NVHOOK_SOCKET (from
- * the hook's env, the runtime's trusted hook entry; default NVHOOK_SOCKET_DEFAULT; "none"
- * turns it off): the front sends its argv, the two env entries Python would honour and
- * fds (state memfd, stdout, stderr, cwd, root), then exits with the status the server
- * sends (protocol: libinject/runtime/service.py). No server, or one that does not take the
- * request: exec Python as before. Once the server has taken it ("A"), there is no
- * falling back (the container may be partly configured): its status is final.
+ * The environment is never read: runc runs a createContainer hook whose entry has no
+ * env with the *container's* environment (CVE-2025-23266), so every setting comes from
+ * the hook entry's arguments (--config, --socket) or fixed paths.
+ *
+ * A prestart hook goes first to `nvhook serve` if one listens on --socket (default
+ * NVHOOK_SOCKET_DEFAULT; "none" turns it off) and the listener is uid 0 in our own mount
+ * namespace (a socket a container bound is never spoken to): the front sends its argv,
+ * its cwd and the state (a memfd), and nothing else -- never runc's stdout/stderr, our
+ * root or cwd, so a wedged service cannot hold the runtime's pipes open. The service
+ * sends back the hook's status and what it wrote to stderr, which the front writes and
+ * exits with (protocol: libinject/runtime/service.py). No service, or one that does not
+ * take the request within SERVE_WAIT_S: exec Python as before. Once the service has
+ * taken it ("A" + its timeout) and we have committed ("G"), there is no falling back
+ * (the container may be partly configured): its status is final.
  *
  * Built static where possible, so the dynamic loader (and an LD_PRELOAD in the hook's
  * environment) never runs. Logic stays in Python; this file only filters, forwards and
@@ -33,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +52,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77         /* Linux 6.5 */
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
 #ifndef NVHOOK_PYTHON
 #define NVHOOK_PYTHON "/usr/bin/python3"
 #endif
@@ -54,7 +69,10 @@
 
 #define MAX_STATE (1 << 20)     /* as libinject.request.oci_state.MAX_STATE_BYTES */
 #define MAX_REQUEST (64 << 10)  /* as libinject.runtime.service.MAX_REQUEST */
+#define MAX_REPLY (16 << 10)    /* as libinject.runtime.service.MAX_OUTPUT + 5 */
+#define SERVE_GRACE_S 30        /* beyond the service's own timeout, before we give up */
 #define SERVE_WAIT_S 5          /* a wedged server costs a container this, then we exec */
+#define STATE_WAIT_S 30         /* for the runtime to write the state and close stdin */
 #define MAX_SPEC (16 << 20)     /* as libinject.request.oci_state.MAX_CONFIG_BYTES */
 #define MAX_CONF (1 << 20)
 
@@ -64,7 +82,8 @@ static const char *const TRIGGERS[] = {
 /* config.toml keys that widen what can ask for a GPU beyond TRIGGERS */
 static const char *const CONF_KEYS[] = {"swarm-resource", "annotation-prefixes", NULL};
 /* global options of nvhook that take a value (libinject/runtime/hook.py GLOBAL_VALUED) */
-static const char *const VALUED[] = {"--root", "--ldcache", "--user", "--debug", "--config", NULL};
+static const char *const VALUED[] = {"--root", "--ldcache", "--user", "--debug", "--config",
+                                     "--socket", NULL};
 /* Python runs with -I -S: no site module, so none of site-packages' .pth files (~20 ms of
  * start-up); the import path is the one `make venv` baked in (the package's and the
  * venv's site-packages), passed as the first argument. */
@@ -116,6 +135,33 @@ static char *read_all(int fd, size_t max, size_t *len)
     return buf;
 }
 
+/* open(2) that never blocks on a FIFO or device: a regular file's fd, -2 for anything
+ * else (closed), -1 with errno if it cannot be opened. */
+static int open_regular(int dirfd, const char *path)
+{
+    int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return -2;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+static void state_timeout(int sig)
+{
+    (void)sig;
+    static const char msg[] = "nvhook: timed out reading the container state on stdin\n";
+    ssize_t r = write(2, msg, sizeof msg - 1);
+    (void)r;
+    _exit(1);
+}
+
 static int is_one_of(const char *s, const char *const *list)
 {
     for (; *list; list++)
@@ -124,14 +170,19 @@ static int is_one_of(const char *s, const char *const *list)
     return 0;
 }
 
-/* The value of --config (or --config=), else NULL. */
-static const char *opt_config(void)
+/* The value of a global option (--name V or --name=V) before the command, else NULL. */
+static const char *opt_value(const char *name)
 {
+    size_t n = strlen(name);
     for (int i = 1; i < g_argc; i++) {
-        if (strcmp(g_argv[i], "--config") == 0 && i + 1 < g_argc)
+        if (strcmp(g_argv[i], name) == 0 && i + 1 < g_argc)
             return g_argv[i + 1];
-        if (strncmp(g_argv[i], "--config=", 9) == 0)
-            return g_argv[i] + 9;
+        if (strncmp(g_argv[i], name, n) == 0 && g_argv[i][n] == '=')
+            return g_argv[i] + n + 1;
+        if (is_one_of(g_argv[i], VALUED))
+            i++;
+        else if (g_argv[i][0] != '-')
+            break;  /* the command: what follows is its own */
     }
     return NULL;
 }
@@ -195,24 +246,14 @@ static void exec_python(void)
     if (chdir("/") < 0)
         die("chdir /");
 
-    static char cwd_env[PATH_MAX + 32], config_env[PATH_MAX + 32], xdg_env[PATH_MAX + 32];
-    char *envp[8];
+    /* Nothing of our own environment goes on: it may be the container's. */
+    static char cwd_env[PATH_MAX + 32];
+    char *envp[4];
     int ne = 0;
     envp[ne++] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     if (g_cwd[0]) {
         snprintf(cwd_env, sizeof cwd_env, "NVHOOK_HOOK_CWD=%s", g_cwd);
         envp[ne++] = cwd_env;
-    }
-    /* The hook's own env comes from the runtime's hook entry (trusted): keep only how
-     * to find the config. The container's env is never ours (it is in config.json). */
-    const char *v;
-    if ((v = getenv("NVHOOK_CONFIG")) && strlen(v) < PATH_MAX) {
-        snprintf(config_env, sizeof config_env, "NVHOOK_CONFIG=%s", v);
-        envp[ne++] = config_env;
-    }
-    if ((v = getenv("XDG_CONFIG_HOME")) && strlen(v) < PATH_MAX) {
-        snprintf(xdg_env, sizeof xdg_env, "XDG_CONFIG_HOME=%s", v);
-        envp[ne++] = xdg_env;
     }
     envp[ne] = NULL;
 
@@ -267,50 +308,82 @@ static int put_item(char *buf, size_t *len, char kind, const char *a, const char
     return 1;
 }
 
+/* Is the listener on s the real service: uid 0, in our own mount namespace (so not in a
+ * container), checked against the very process through its pidfd where the kernel has one? */
+static int listener_trusted(int s)
+{
+    struct ucred cr;
+    socklen_t l = sizeof cr;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &l) < 0 || cr.uid != 0 || cr.pid <= 0)
+        return 0; /* pid 0: it lives in a pid namespace we cannot see */
+    int pidfd = -1;
+    l = sizeof pidfd;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &l) < 0)
+        pidfd = -1; /* kernels before 6.5: the pid alone */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/mnt", cr.pid);
+    struct stat a, b;
+    int ok = stat(path, &a) == 0 && stat("/proc/self/ns/mnt", &b) == 0 && a.st_dev == b.st_dev &&
+             a.st_ino == b.st_ino;
+    /* The pid still names the listener (not a process that took its pid since). */
+    if (ok && pidfd >= 0)
+        ok = syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
+    if (pidfd >= 0)
+        close(pidfd);
+    return ok;
+}
+
+static ssize_t recv_retry(int s, char *buf, size_t len)
+{
+    ssize_t n;
+    do
+        n = recv(s, buf, len, 0);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
 /* Hand the request to `nvhook serve`. Returns if it is not there or does not take it
  * (the caller then execs Python); once it has taken it, exits with its status. */
-static void try_serve(void)
+static void try_serve(const char *cmd)
 {
-    const char *path = getenv("NVHOOK_SOCKET");
+    const char *path = opt_value("--socket");
     if (!path || !*path)
         path = NVHOOK_SOCKET_DEFAULT;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strcmp(path, "none") == 0 || strlen(path) >= sizeof addr.sun_path || !g_state)
+    /* prestart only: a createContainer hook runs in the container's namespaces, which the
+     * service never enters. */
+    if (strcmp(path, "none") == 0 || strlen(path) >= sizeof addr.sun_path || !g_state ||
+        strcmp(cmd, "prestart") != 0)
         return;
     strcpy(addr.sun_path, path);
 
     static char req[MAX_REQUEST];
     size_t len = 0;
-    memcpy(req, "NVHOOK1", 8);
+    memcpy(req, "NVHOOK2", 8);
     len = 8;
     for (int i = 0; i < g_argc; i++)
         if (!put_item(req, &len, 'a', g_argv[i], NULL))
             return;
-    static const char *const env_names[] = {"NVHOOK_CONFIG", "XDG_CONFIG_HOME", NULL};
-    for (const char *const *n = env_names; *n; n++) {
-        const char *v = getenv(*n);
-        if (v && !put_item(req, &len, 'e', *n, v))
-            return;
-    }
+    if (g_cwd[0] && !put_item(req, &len, 'c', g_cwd, NULL))
+        return;
 
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s < 0)
         return;
-    /* Until the server has taken the request, waiting is bounded (connect on a full
-     * backlog honours SO_SNDTIMEO); afterwards its status is all that counts. */
+    /* Until the service has taken the request, every wait is bounded (connect on a full
+     * backlog honours SO_SNDTIMEO). */
     struct timeval tv = {.tv_sec = SERVE_WAIT_S};
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        close(s); /* ENOENT, ECONNREFUSED, EACCES...: no service for us */
+    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0 || !listener_trusted(s)) {
+        close(s); /* ENOENT, ECONNREFUSED, EACCES, not the real service: do it ourselves */
         return;
     }
-    int fds[5] = {state_memfd(), 1, 2, open(".", O_PATH | O_DIRECTORY | O_CLOEXEC),
-                  open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)};
-    int ok = fds[0] >= 0 && fds[3] >= 0 && fds[4] >= 0;
+    int mfd = state_memfd();
+    int ok = mfd >= 0;
     if (ok) {
         union {
-            char buf[CMSG_SPACE(sizeof fds)];
+            char buf[CMSG_SPACE(sizeof(int))];
             struct cmsghdr align;
         } ctl;
         memset(&ctl, 0, sizeof ctl);
@@ -320,29 +393,24 @@ static void try_serve(void)
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof fds);
-        memcpy(CMSG_DATA(c), fds, sizeof fds);
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &mfd, sizeof(int));
         ssize_t w;
         do
             w = sendmsg(s, &msg, MSG_NOSIGNAL);
         while (w < 0 && errno == EINTR);
         ok = w == (ssize_t)len;
+        close(mfd);
     }
-    for (int i = 0; i < 5; i++)
-        if (i == 0 || i >= 3)
-            if (fds[i] >= 0)
-                close(fds[i]);
-    char reply[8];
-    ssize_t n = -1;
-    if (ok)
-        do
-            n = recv(s, reply, sizeof reply, 0);
-        while (n < 0 && errno == EINTR);
-    if (n != 1 || reply[0] != 'A') {
+    static char reply[MAX_REPLY];
+    ssize_t n = ok ? recv_retry(s, reply, sizeof reply) : -1;
+    if (n != 5 || reply[0] != 'A') {
         close(s); /* refused, declined, too slow or gone before taking it: do it ourselves */
         return;
     }
-    /* "G": we are committed to the server. Only now does the worker start; had we timed
+    int limit;
+    memcpy(&limit, reply + 1, sizeof limit);
+    /* "G": we are committed to the service. Only now does the worker start; had we timed
      * out and fallen back just as "A" came, it would see us gone and do nothing. */
     ssize_t w;
     do
@@ -352,17 +420,24 @@ static void try_serve(void)
         close(s);
         return;
     }
-    tv.tv_sec = 0;
+    /* The service kills a worker past its timeout and answers; wait that long and a grace. */
+    tv.tv_sec = (limit > 0 && limit < 86400 ? limit : 3600) + SERVE_GRACE_S;
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    do
-        n = recv(s, reply, sizeof reply, 0);
-    while (n < 0 && errno == EINTR);
-    if (n != 5 || reply[0] != 'S') {
-        dprintf(2, "nvhook: hook service: connection lost while configuring the container\n");
+    n = recv_retry(s, reply, sizeof reply);
+    if (n < 5 || reply[0] != 'S') {
+        dprintf(2, "nvhook: hook service: no answer while configuring the container\n");
         _exit(1);
     }
     int status;
     memcpy(&status, reply + 1, sizeof status);
+    for (ssize_t off = 5; off < n;) { /* what the hook wrote to stderr */
+        ssize_t k = write(2, reply + off, (size_t)(n - off));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        off += k;
+    }
     if (status == -2)
         dprintf(2, "nvhook: hook service: timed out configuring the container\n");
     else if (status < 0 || status > 255)
@@ -373,26 +448,22 @@ static void try_serve(void)
 /* A hook stage that needs Python's answer: the warm service if there is one, else exec. */
 static void hand_over(void)
 {
-    try_serve();
+    try_serve(command());
     exec_python();
 }
 
 /* Does config.toml set a key from CONF_KEYS (in a line that is not a comment)? */
 static int config_widens(void)
 {
-    const char *path = opt_config();
-    char buf[PATH_MAX];
+    const char *path = opt_value("--config");
     int required = 1;
-    if (!path)
-        path = getenv("NVHOOK_CONFIG");
     if (!path || !*path) {
-        const char *xdg = getenv("XDG_CONFIG_HOME");
-        snprintf(buf, sizeof buf, "%s/nvidia-container-runtime/config.toml",
-                 xdg && *xdg ? xdg : "/etc");
-        path = buf;
+        path = "/etc/nvidia-container-runtime/config.toml"; /* as libinject.config */
         required = 0;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open_regular(AT_FDCWD, path);
+    if (fd == -2)
+        return 1; /* not a regular file: Python says so */
     if (fd < 0)
         return required; /* a missing explicit config is Python's error to report */
     size_t len;
@@ -489,7 +560,12 @@ int main(int argc, char **argv)
     if (!hook && !noop)
         exec_python(); /* any other command: nvhook itself */
 
+    /* The runtime writes the state and closes stdin; one that never closes it must not
+     * hold the container start for ever. */
+    signal(SIGALRM, state_timeout);
+    alarm(STATE_WAIT_S);
     g_state = read_all(0, MAX_STATE, &g_state_len);
+    alarm(0);
     if (noop)
         return 0;
     if (!g_state || g_state_len > MAX_STATE || config_widens())
@@ -500,7 +576,7 @@ int main(int argc, char **argv)
         hand_over();
     /* A relative bundle is relative to where the runtime started us (we have not moved). */
     int bfd = open(bundle, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int fd = bfd < 0 ? -1 : openat(bfd, "config.json", O_RDONLY | O_CLOEXEC);
+    int fd = bfd < 0 ? -1 : open_regular(bfd, "config.json");
     if (fd < 0)
         hand_over();
     size_t len;

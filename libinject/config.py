@@ -3,6 +3,12 @@
 Where it is read from (first that applies):
   1. an explicit path (`--config`), then $NVHOOK_CONFIG: must exist;
   2. ${XDG_CONFIG_HOME:-/etc}/nvidia-container-runtime/config.toml: defaults if absent.
+The hook (every stage, exec'd or served) passes no environment: its environment may be
+the container's (runc's createContainer hooks), so only `--config` from the hook entry
+or /etc/nvidia-container-runtime/config.toml count, and the file and every directory
+above it must be root-owned and writable by nobody else (trusted=True). NVIDIA's
+XDG_CONFIG_HOME convention applies to the commands people and engines run
+(configure, list, info, cdi, the runtime shim), whose environment is their own.
 
 Relative paths in the file (log files, the snapshot dir, the service socket) are taken
 relative to the file's own directory: the hook runs with "/" as its cwd, where a
@@ -167,10 +173,15 @@ def config_path(explicit: str | None = None, environ: dict[str, str] | None = No
     return os.path.join(base, CONFIG_REL), False
 
 
-def load(explicit: str | None = None, environ: dict[str, str] | None = None) -> Config:
-    """The effective configuration; NvhookError for a missing explicit file or bad content."""
+def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
+         trusted: bool = False) -> Config:
+    """The effective configuration; NvhookError for a missing explicit file or bad content.
+    trusted: the file must be one only root could have written (the hook's rule)."""
     path, required = config_path(explicit, environ)
     from libinject.linux.files import read_bounded
+
+    if trusted and os.path.lexists(path):
+        _check_root_owned(path)
 
     data = read_bounded(path, MAX_CONFIG_BYTES, "config file", missing_ok=True)
     if data is None:
@@ -178,6 +189,27 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None) -> 
             raise NvhookError(f"config file {path} not found")
         return Config()
     return parse(data, path)
+
+
+def _check_root_owned(path: str) -> None:
+    """The file, and every directory on the way to it, root-owned and not writable by
+    group or others (a sticky directory such as /tmp may be: nobody else can replace
+    root's entries in it)."""
+    import stat
+
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise NvhookError(f"config file {path}: must be owned by root and writable by nobody else")
+    d = os.path.dirname(real)
+    while True:
+        st = os.stat(d)
+        if st.st_uid != 0 or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
+            raise NvhookError(f"config file {path}: directory {d} must be owned by root and "
+                              "writable by nobody else")
+        if d == "/":
+            return
+        d = os.path.dirname(d)
 
 
 def parse(data: bytes | str, source: str = "<config>") -> Config:

@@ -49,7 +49,10 @@ def _global_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", help="UID[:GID] to run discovery as")
     p.add_argument("--debug", metavar="FILE", help="append a debug log to FILE")
     p.add_argument("--load-kmods", action="store_true", help="load kernel modules (no-op in simulation)")
-    p.add_argument("--config", help="config.toml path (default: $XDG_CONFIG_HOME or /etc)")
+    p.add_argument("--config", help="config.toml path (default: $XDG_CONFIG_HOME or /etc; "
+                                    "hook stages: /etc only)")
+    p.add_argument("--socket", metavar="PATH", help="hook stages: the `nvhook serve` socket the "
+                                                   "compiled front tries ('none': never)")
     return p
 
 
@@ -67,8 +70,28 @@ def _find_command(argv: list[str]) -> str | None:
     return None
 
 
+# Commands a runtime runs as hooks, where the environment may be the container's.
+HOOK_COMMANDS = (*HOOK_STAGES, "cdi-hook")
+
+
+def _isolate(argv: list[str]) -> None:
+    """A hook run as the Python console script (not `python -I`, so the environment
+    chose its import path and more) is re-exec'd through the compiled front, which
+    starts Python isolated with a clean environment; without a front, refused."""
+    import os
+
+    front = os.path.join(os.path.dirname(sys.executable), "nvhook-hook")
+    if os.access(front, os.X_OK):
+        os.execv(front, [front, *argv])
+    from libinject.errors import NvhookError
+
+    raise NvhookError(f"hooks must run through the isolated front {front} (make venv builds it)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not sys.flags.isolated and argv and _find_command(argv) in HOOK_COMMANDS:
+        return _run_guarded(_isolate, argv)
     # A hook stage as runtimes call it skips argparse (start-up time); anything unusual
     # goes through argparse, which parses and reports it.
     hook = parse_argv(argv) if argv and argv[-1] in HOOK_STAGES else None

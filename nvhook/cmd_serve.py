@@ -7,9 +7,10 @@ it only takes Python's start-up and imports off every GPU container's start.
     nvhook [--config FILE] serve [--socket PATH] [--no-warm] [--timeout S] [-v]
 
 Socket: --socket, else [nvhook] socket (default /run/nvhook/hook.sock); the front
-connects to $NVHOOK_SOCKET from the hook's env, else the same default. Each request
-reads its own config (the front's --config / NVHOOK_CONFIG / XDG_CONFIG_HOME), as the
-exec'd hook would; this command's config gives the socket, the timeout and what to warm.
+connects to its hook entry's `--socket`, else the same default. Each request reads its
+own config (the hook entry's --config, else the default path), as the exec'd hook
+would; this command's config gives the socket, the timeout and what to warm. Discovery
+is warmed before the socket appears, so no front waits on a service still starting.
 Runs in the foreground (systemd: contrib/nvhook-serve.service); SIGTERM stops it after
 the requests in flight. One line per event on stderr.
 """
@@ -53,18 +54,19 @@ def run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise NvhookError("nvhook serve must run as root (the hook does)")
     server = Server(path, timeout=timeout, log_fd=os.dup(2), verbose=args.verbose)
-    server.start()
     if not sys.flags.isolated:
         server.log("warning: not running isolated (python -I); start it as `nvhook-hook serve`, "
                    "which execs python -I with a clean environment")
+    warm = None
     if not args.no_warm and cfg.nvhook.snapshot:   # snapshot = false: nothing is kept anyway
-        server.warm(cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user))
+        warm = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
+    server.start(warm)
     server.serve_forever()
     return 0
 
 
 def _std_fds_open() -> None:
-    # Received fds must never land on 0-2 (a worker dup2()s the front's stdio there).
+    # Received fds must never land on 0-2 (a worker dup2()s its output memfd there).
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)

@@ -59,20 +59,21 @@ def version_key(v: str) -> tuple[int, ...]:
 # --- ContainerEdits -> CDI containerEdits ------------------------------------------------
 
 def default_hook_path() -> str:
-    """The nvhook executable CDI hooks run: the one beside this interpreter (the venv's
-    console script), else the one on PATH."""
-    cand = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "nvhook")
+    """What CDI hooks run: the compiled front (nvhook-hook) beside this interpreter, else
+    the one on PATH. Never the Python console script: a runtime runs CDI hooks with an
+    environment the container may have chosen, and the front starts Python isolated."""
+    cand = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "nvhook-hook")
     if os.access(cand, os.X_OK):
         return cand
-    found = shutil.which("nvhook")
+    found = shutil.which("nvhook-hook")
     if found:
         return os.path.abspath(found)
-    raise NvhookError("cannot find the nvhook executable for CDI hooks (use --hook-path)")
+    raise NvhookError("cannot find nvhook-hook (the isolated front) for CDI hooks (use --hook-path)")
 
 
 @dataclass(frozen=True)
 class HookOptions:
-    path: str                                  # absolute path of nvhook
+    path: str                                  # absolute path of nvhook-hook (the front)
     env: tuple[str, ...] = HOOK_ENV
     ldconfig: str = "@/sbin/ldconfig"
     procfs_dir: str = ""                       # host /proc/driver/nvidia ("" = no masking hook)
@@ -80,7 +81,7 @@ class HookOptions:
 
 
 def _hook(opts: HookOptions, *args: str) -> dict[str, Any]:
-    argv = ["nvhook"]
+    argv = ["nvhook-hook"]
     if opts.config:
         argv += ["--config", opts.config]
     return {"hookName": HOOK_STAGE, "path": opts.path, "args": [*argv, "cdi-hook", *args],

@@ -5,9 +5,13 @@
 
 The runtime runs `nvhook [global options] STAGE` (normally through csrc/hookfront.c, which
 skips Python for containers that cannot want a GPU); `nvhook serve` workers call handle()
-with what the front handed them. Isolation (CVE-2025-23266): the front starts
-`python -I` with an explicit environment; the cwd is left for "/" before anything else
-and every child gets an explicit env. The container's env is data read from config.json.
+with what the front handed them. Isolation (CVE-2025-23266): runc runs a createContainer
+hook whose entry has no env with the *container's* environment, so no setting is ever
+taken from the environment here: the config is --config from the hook entry, else the
+fixed default path, and must be root-owned (libinject.config.load(trusted=True)). The
+front starts `python -I` with an explicit environment; the cwd is left for "/" before
+anything else and every child gets an explicit env. The container's env is data read
+from config.json.
 
 A container that wants no GPU exits 0 having imported json, the state/request modules
 and the config reader only. Errors: one line on stderr ("nvhook: ..."), exit 1, so the
@@ -21,8 +25,9 @@ from types import SimpleNamespace
 
 from libinject.constants import CONFIGURE_STAGES, HOOK_STAGES
 
-# Global options that take a value (nvhook's CLI shares this list).
-GLOBAL_VALUED = ("--root", "--ldcache", "--user", "--debug", "--config")
+# Global options that take a value (nvhook's CLI shares this list). --socket is the
+# compiled front's (which hook service to use); Python takes it and ignores it.
+GLOBAL_VALUED = ("--root", "--ldcache", "--user", "--debug", "--config", "--socket")
 
 
 def parse_argv(argv: list[str]) -> SimpleNamespace | None:
@@ -31,7 +36,7 @@ def parse_argv(argv: list[str]) -> SimpleNamespace | None:
     else (--opt=value, -h, a typo) gives None: the CLI's argparse parses and reports it,
     and the hook service declines it (the front then execs the CLI)."""
     ns = SimpleNamespace(root=None, ldcache=None, user=None, debug=None, load_kmods=False,
-                         config=None, command=None)
+                         config=None, socket=None, command=None)
     i = 0
     while i < len(argv) - 1:
         a = argv[i]
@@ -83,29 +88,25 @@ def run(args) -> int:
     return handle(stage, data, args, cwd=cwd)
 
 
-def handle(stage: str, state: bytes, args, *, cwd: str | None,
-           environ: dict[str, str] | None = None, own_pid: int | None = None,
-           discover=None) -> int:
+def handle(stage: str, state: bytes, args, *, cwd: str | None, discover=None) -> int:
     """The hook's whole job for one container, for both paths: the exec'd Python (run)
     and a `nvhook serve` worker (libinject.runtime.service). Errors: one line on stderr
     ("nvhook: ..."), exit status 1.
 
     state: the state JSON as read from stdin (at most MAX_STATE_BYTES + 1 bytes);
     args: the global options (parse_argv's); cwd: where the runtime started the hook
-    (a relative bundle is taken from there); environ: where the config is looked up
-    (default os.environ); own_pid: the hook process's pid as /proc counts it (the
-    createContainer stage stands it in for the container; default: /proc/self);
-    discover: libinject.discover.driver.discover or a stand-in (the service's cache)."""
+    (a relative bundle is taken from there); discover: libinject.discover.driver.discover
+    or a stand-in (the service's cache)."""
     from libinject.errors import NvhookError, report
 
     try:
-        return _handle(stage, state, args, cwd, environ, own_pid, discover)
+        return _handle(stage, state, args, cwd, discover)
     except NvhookError as e:
         report(e)
         return 1
 
 
-def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
+def _handle(stage, data, args, cwd, discover) -> int:
     from libinject import config as config_mod
     from libinject.errors import NvhookError
     from libinject.log import Log
@@ -116,7 +117,7 @@ def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
         raise NvhookError(f"--debug {args.debug}: the hook's log file must be an absolute path")
     log = Log(args.debug or "", level="debug")
     try:
-        cfg = config_mod.load(args.config, environ)
+        cfg = config_mod.load(args.config, {}, trusted=True)
         log = Log(args.debug or cfg.log_file(), level="debug" if args.debug else cfg.log_level())
         if len(data) > oci_state.MAX_STATE_BYTES:
             raise NvhookError(f"container state on stdin is larger than {oci_state.MAX_STATE_BYTES} bytes")
@@ -129,7 +130,7 @@ def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
         if request is None:
             log.info(f"{stage}: not a GPU container, nothing to do")
             return 0
-        return _configure(stage, state, spec, bundle, request, cfg, args, log, own_pid, discover)
+        return _configure(stage, state, spec, bundle, request, cfg, args, log, discover)
     except NvhookError as e:
         log.error(f"{stage}: {e}")
         raise
@@ -140,15 +141,11 @@ def _handle(stage, data, args, cwd, environ, own_pid, discover) -> int:
         raise NvhookError(f"{stage} hook failed: {type(e).__name__}: {e}") from None
 
 
-def _configure(stage, state, spec, bundle, request, cfg, args, log, own_pid=None,
-               discover=None) -> int:
+def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=None) -> int:
     from libinject.pipeline import configure
     from libinject.request import oci_state
 
-    if stage == "createContainer" and own_pid is not None:
-        pid = own_pid   # served: the front's pid (it runs in the container's namespaces)
-    else:
-        pid = oci_state.container_pid(state, stage)
+    pid = oci_state.container_pid(state, stage)
     rootfs = oci_state.rootfs_path(spec, bundle)
     if not os.path.isdir(rootfs):
         from libinject.errors import NvhookError

@@ -9,27 +9,32 @@ is optional and the hook's behaviour is the same either way: the worker runs
 libinject.runtime.hook.handle(), the very function the exec'd Python runs.
 
 Protocol (SOCK_SEQPACKET, one message each way, so no framing):
-  front -> server: b"NVHOOK1\\0" then items b"a<argv entry>\\0" and b"e<NAME=value>\\0"
-      (only NVHOOK_CONFIG and XDG_CONFIG_HOME: what the exec path honours), with
-      SCM_RIGHTS fds [state memfd, stdout, stderr, cwd (O_PATH), root (O_PATH)].
-  server -> front: b"A" once the worker would take the request;
+  front -> server: b"NVHOOK2\0" then items b"a<argv entry>\0" and b"c<cwd>\0" (where the
+      runtime started the hook: a relative bundle is taken from there), with SCM_RIGHTS
+      [state memfd]. Nothing else: no environment, no stdio, no root or cwd fd.
+  server -> front: b"A" + int32 serve-timeout (s) once the worker would take the request;
   front -> server: b"G": the front is committed (it no longer falls back: the container
       may be partly configured from now on); only then does the worker start. A front
       that gave up waiting for b"A" (5 s) has closed instead, and the worker does nothing.
-  server -> front: b"S" + int32 status: the hook's exit status, or CRASHED / TIMED_OUT.
+  server -> front: b"S" + int32 status + what the hook wrote to stdout/stderr (at most
+      MAX_OUTPUT bytes): the hook's exit status, or CRASHED / TIMED_OUT. The front writes
+      the text to its own stderr, so the runtime's pipes never leave the front: a wedged
+      service can delay a container start by SERVE_WAIT_S at most, never hold it.
   Anything else (refused peer, malformed request, argv the hook's parser does not take,
-  a peer we cannot follow into its namespaces, too many requests): the connection closes
-  or b"S" comes without b"A", and the front execs Python as if no server were there.
-  (A client in Python, for tests: tests/support/serve_client.py.)
+  too many requests): the connection closes or b"S" comes without b"A", and the front
+  execs Python as if no server were there. (A client in Python, for tests:
+  tests/support/serve_client.py.)
 
-Trust: only uid 0 peers (SO_PEERCRED) are served, on a socket in a root-only dir.
-The server never takes env from the container (that is data in config.json) nor from
-the runtime beyond the two config entries above; it never runs container code.
-
-The worker becomes the front as far as the hook can tell: it joins the front's
-mount and cgroup namespaces (a runtime may run hooks in a private mount namespace,
-e.g. runc on cgroup v2 in tests), its root and cwd, and takes its
-stdio. Everything is imported before that: after setns the filesystem is the front's.
+Trust: the service serves only the runtime. A peer must be uid 0 and in the service's
+own mount namespace (checked through SO_PEERPIDFD where the kernel has it, so a pid
+taken over by another process is never believed): a root process in a container that
+reached the socket is refused. The front checks the same of the listener before it
+sends anything. Workers never enter a peer's namespaces or root: they run in the
+service's own, so what they exec (ldconfig, the NVML child's python) is the host's,
+opened as the service would. Only the prestart stage is served (a createContainer hook
+runs in the container's namespaces). A worker keeps only the capabilities the hook
+needs, and its environment is PATH alone: settings come from the hook's argv
+(--config) and root-owned files, never from an environment.
 """
 from __future__ import annotations
 
@@ -42,17 +47,19 @@ import stat
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from libinject.constants import CONFIGURE_STAGES, SAFE_PATH
+from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
 from libinject.linux.child import Child
 
-MAGIC = b"NVHOOK1"
-MAX_REQUEST = 64 << 10          # argv + two env entries: a few hundred bytes in practice
-NFDS = 5                        # state, stdout, stderr, cwd, root
-ALLOWED_ENV = ("NVHOOK_CONFIG", "XDG_CONFIG_HOME")
+MAGIC = b"NVHOOK2"
+MAX_REQUEST = 64 << 10          # argv + cwd: a few hundred bytes in practice
+MAX_OUTPUT = (16 << 10) - 5     # the hook's output sent back (hookfront.c MAX_REPLY)
+NFDS = 1                        # the state memfd
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)     # Linux 6.5
+SERVED_STAGES = ("prestart",)
 ACCEPTED = b"A"
 GO = b"G"
 STATUS = b"S"
@@ -98,7 +105,7 @@ def preload() -> None:
 @dataclass(frozen=True)
 class Request:
     argv: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
 
     @property
     def args(self):
@@ -121,21 +128,18 @@ def parse_request(data: bytes) -> Request:
     if parts[0] != MAGIC or parts[-1] != b"":
         raise ValueError("not an nvhook request")
     argv: list[str] = []
-    env: dict[str, str] = {}
+    cwd: str | None = None
     for item in parts[1:-1]:
         kind, value = item[:1], item[1:].decode()
         if kind == b"a":
             argv.append(value)
-        elif kind == b"e":
-            name, eq, v = value.partition("=")
-            if not eq or name not in ALLOWED_ENV or name in env:
-                raise ValueError(f"env entry {name!r} not accepted")
-            env[name] = v
+        elif kind == b"c" and cwd is None and value.startswith("/"):
+            cwd = value
         else:
-            raise ValueError("unknown item")
+            raise ValueError("unknown or repeated item")
     if len(argv) < 2:
         raise ValueError("no command")
-    return Request(tuple(argv), env)
+    return Request(tuple(argv), cwd)
 
 
 # -- discovery, remembered --------------------------------------------------------------
@@ -279,6 +283,7 @@ class _Job:
     child: Child                # the worker: its own process group (ldconfig, NVML with it)
     conn: socket.socket
     learned: int                # memfd the worker writes new discovery results to
+    output: int                 # memfd: the worker's stdout/stderr, sent to the front
     peer: int
     started: float
     deadline: float
@@ -289,7 +294,7 @@ class Server:
     def __init__(self, path: str, *, timeout: float = 60.0, log_fd: int | None = None,
                  verbose: bool = False) -> None:
         """log_fd: where the server and its workers write one line per event (a dup of
-        the service's stderr: a worker's own fd 2 is the front's, the runtime's).
+        the service's stderr: a worker's own fds 1 and 2 go back to the front).
         verbose: workers also log what each request asked for."""
         self.path = os.path.abspath(path)
         self.timeout = timeout
@@ -313,8 +318,13 @@ class Server:
             pass
 
     # lifecycle
-    def start(self) -> None:
+    def start(self, warm=None) -> None:
+        """Import what the hook needs, discover once if warm (DiscoverOptions) is given,
+        then listen: the socket appears only once the service is ready, so no front ever
+        waits on a service still warming up."""
         preload()
+        if warm is not None:
+            self.warm(warm)
         self.sock, self.lock, self._st = bind(self.path)
         self.sock.setblocking(False)
         self.sel.register(self.sock, selectors.EVENT_READ, "accept")
@@ -391,9 +401,10 @@ class Server:
             return
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        if uid != 0 or pid <= 0:
-            # pid 0: a peer in a pid namespace we cannot see into; it falls back to exec.
-            self.log(f"refused peer pid={pid} uid={uid}")
+        why = _untrusted_peer(conn, pid, uid)
+        if why:
+            # it falls back to exec'ing Python itself, in its own namespaces
+            self.log(f"refused peer pid={pid} uid={uid}: {why}")
             conn.close()
             return
         if len(self.jobs) >= MAX_JOBS:
@@ -401,13 +412,14 @@ class Server:
             conn.close()
             return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
+        output = os.memfd_create("nvhook-output", os.MFD_CLOEXEC)
         sys.stdout.flush()
         sys.stderr.flush()
         worker = os.fork()
         if worker == 0:  # pragma: no cover - runs in the worker
             code = INTERNAL
             try:
-                code = _Worker(self, conn, pid, learned).run()
+                code = _Worker(self, conn, pid, learned, output).run()
             except BaseException as e:  # noqa: BLE001 - never return into the server's loop
                 self.log(f"request from pid {pid}: worker failed: {type(e).__name__}: {e}")
             finally:
@@ -419,9 +431,10 @@ class Server:
             os.waitpid(worker, 0)           # killed: returns at once
             conn.close()
             os.close(learned)
+            os.close(output)
             return
         now = time.monotonic()
-        job = _Job(child, conn, learned, pid, now, now + self.timeout)
+        job = _Job(child, conn, learned, output, pid, now, now + self.timeout)
         self.jobs[child.pidfd] = job
         self.sel.register(child.pidfd, selectors.EVENT_READ, "job")
 
@@ -460,7 +473,12 @@ class Server:
         job.child.close()
         os.close(job.learned)
         try:
-            job.conn.send(STATUS + struct.pack("i", code), socket.MSG_NOSIGNAL)
+            out = os.pread(job.output, MAX_OUTPUT, 0)
+        except OSError:
+            out = b""
+        os.close(job.output)
+        try:
+            job.conn.send(STATUS + struct.pack("i", code) + out, socket.MSG_NOSIGNAL)
         except OSError:
             pass
         job.conn.close()
@@ -471,8 +489,10 @@ class Server:
 # -- the worker ------------------------------------------------------------------------------
 
 class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/test_hook_serve.py)
-    def __init__(self, server: Server, conn: socket.socket, peer: int, learned: int) -> None:
-        self.server, self.conn, self.peer, self.learned = server, conn, peer, learned
+    def __init__(self, server: Server, conn: socket.socket, peer: int, learned: int,
+                 output: int) -> None:
+        self.server, self.conn, self.peer = server, conn, peer
+        self.learned, self.output = learned, output
         self.log = server.log
 
     def run(self) -> int:
@@ -500,76 +520,42 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         req = self._check(data, flags, fds)
         if req is None:
             return 0            # declined: the front falls back to exec'ing Python
-        state_fd, out_fd, err_fd, cwd_fd, root_fd = fds
-        state = _read_fd(state_fd)
-        # Open the front's namespaces through our /proc while its pid still names it:
-        # the front waits on this connection, so a hang-up afterwards means it is gone.
-        try:
-            mnt = os.open(f"/proc/{self.peer}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-            cg = os.open(f"/proc/{self.peer}/ns/cgroup", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            self.log(f"request from pid {self.peer}: its namespaces: {e.strerror}")
-            return 0
-        if _hung_up(self.conn):
-            return 0
-        mnt_st = os.fstat(mnt)
+        state = _read_fd(fds[0])
+        os.close(fds[0])
 
-        # Become the front: its stdio, only the two config entries for env, then its
-        # namespaces, root and cwd. Nothing of the server's is left open.
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
+        # The hook's stdout and stderr go to a memfd the server sends back to the front;
+        # its env is PATH alone; nothing of the server's is left open.
+        os.dup2(self.output, 1)
+        os.dup2(self.output, 2)
         devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         os.dup2(devnull, 0)
-        keep = {0, 1, 2, self.conn.fileno(), self.learned, mnt, cg, cwd_fd, root_fd}
+        keep = {0, 1, 2, self.conn.fileno(), self.learned}
         if self.server.log_fd is not None:
             keep.add(self.server.log_fd)
         _close_all_but(keep)
         os.environ.clear()
-        os.environ.update({"PATH": SAFE_PATH, **req.env})
-        from libinject.linux import native
+        os.environ["PATH"] = SAFE_PATH
+        from libinject.apply.live import _caps_kept
+        from libinject.linux.privileges import limit_capabilities
 
-        try:
-            native.setns(cg, native.CLONE_NEWCGROUP)
-            native.setns(mnt, native.CLONE_NEWNS)
-            os.fchdir(root_fd)
-            os.chroot(".")
-            os.fchdir(cwd_fd)
-        except OSError as e:
-            # Nothing done yet: let the front do it itself.
-            self.log(f"request from pid {self.peer}: cannot enter its namespaces: {e}")
-            return 0
-        for fd in (mnt, cg, cwd_fd, root_fd):
-            os.close(fd)
-        try:
-            cwd: str | None = os.getcwd()
-        except OSError:
-            cwd = None
-        own_pid = None
-        if req.stage == "createContainer":
-            # The exec path stands its own pid (/proc/self) in for the container; ours is
-            # the front's pid as our /proc counts it. Serve only if the /proc here counts
-            # alike (it names the same process); else the front does it itself.
-            try:
-                st = os.stat(f"/proc/{self.peer}/ns/mnt")
-                if (st.st_dev, st.st_ino) != (mnt_st.st_dev, mnt_st.st_ino):
-                    return 0
-            except OSError:
-                return 0
-            own_pid = self.peer
-
+        # What the hook needs, for good: the applier's set, and CAP_SYS_PTRACE to open the
+        # container's namespaces (/proc/PID/ns of a non-dumpable process) before it drops
+        # to the applier's set.
+        limit_capabilities(_caps_kept() | {prctl.CAP_SYS_PTRACE})
         from libinject.runtime import hook
 
         if self.server.verbose:
-            self.log(f"request from pid {self.peer}: {' '.join(req.argv[1:])} cwd={cwd} "
+            self.log(f"request from pid {self.peer}: {' '.join(req.argv[1:])} cwd={req.cwd} "
                      f"env=[{' '.join(sorted(os.environ))}]")
         try:
-            self.conn.send(ACCEPTED, socket.MSG_NOSIGNAL)
+            self.conn.send(ACCEPTED + struct.pack("i", int(min(self.server.timeout, 86400))),
+                           socket.MSG_NOSIGNAL)
             if self.conn.recv(16) != GO:
                 return 0        # it fell back (or went away): not ours to do
         except OSError:
             return 0
         try:
-            code = hook.handle(req.stage, state, req.args, cwd=cwd, own_pid=own_pid,
+            code = hook.handle(req.stage, state, req.args, cwd=req.cwd,
                                discover=self.server.cache.discover)
         except BaseException as e:  # noqa: BLE001 - a bug: one line for the runtime
             from libinject.errors import report
@@ -589,7 +575,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
                 pass
         late = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings."))
         if late:
-            self.log(f"warning: imported after fork (add to hookserver.PRELOAD): {', '.join(late)}")
+            self.log(f"warning: imported after fork (add to service.PRELOAD): {', '.join(late)}")
         return code
 
     def _check(self, data: bytes, flags: int, fds: list[int]) -> Request | None:
@@ -612,15 +598,43 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             return decline(str(e))
         if req.args is None:
             return decline("arguments the hook's parser does not take as they are")
-        if req.stage not in CONFIGURE_STAGES:
+        if req.stage not in SERVED_STAGES:
             return decline(f"stage {req.stage!r} is not served")
-        st = os.fstat(fds[0])
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(os.fstat(fds[0]).st_mode):
             return decline("state is not a regular file")
-        for fd in fds[3:]:
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                return decline("cwd/root is not a directory")
         return req
+
+
+def _untrusted_peer(conn: socket.socket, pid: int, uid: int) -> str:
+    """Why a connected peer is not the runtime ("" if it is): root, in our own mount
+    namespace, and still the process that connected (its pidfd, where the kernel has
+    SO_PEERPIDFD; before 6.5 the pid alone)."""
+    if uid != 0:
+        return "not root"
+    if pid <= 0:
+        return "in a pid namespace we cannot see"
+    pidfd = -1
+    try:
+        pidfd = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+    except OSError:
+        pass
+    try:
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/mnt")
+            ours = os.stat("/proc/self/ns/mnt")
+        except OSError as e:
+            return f"its mount namespace: {e.strerror}"
+        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+            return "in another mount namespace"
+        if pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(pidfd, 0)
+            except OSError:
+                return "gone"
+        return ""
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def _read_fd(fd: int) -> bytes:
@@ -636,14 +650,6 @@ def _read_fd(fd: int) -> bytes:
         n += len(b)
         off += len(b)
     return b"".join(chunks)
-
-
-def _hung_up(conn: socket.socket) -> bool:
-    import select
-
-    p = select.poll()
-    p.register(conn.fileno(), select.POLLIN | select.POLLRDHUP)
-    return bool(p.poll(0))
 
 
 def _close_all_but(keep: set[int]) -> None:

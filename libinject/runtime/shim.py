@@ -151,23 +151,17 @@ def resolve_mode(mode: str, devices: Sequence[str]) -> str:
     return "legacy"
 
 
-def legacy_hook() -> dict[str, Any]:
-    """The prestart hook entry: the compiled front beside our interpreter if built."""
-    bindir = os.path.dirname(os.path.abspath(sys.executable))
-    front = os.path.join(bindir, "nvhook-hook")
-    env = [f"PATH={SAFE_PATH}"]
-    for k in ("NVHOOK_CONFIG", "XDG_CONFIG_HOME"):
-        if os.environ.get(k):
-            env.append(f"{k}={os.environ[k]}")
-    if os.access(front, os.X_OK):
-        return {"path": front, "args": ["nvhook-hook", "prestart"], "env": env}
+def legacy_hook(config: str = "") -> dict[str, Any]:
+    """The prestart hook entry: the compiled front (it starts Python isolated), told the
+    shim's own config file by argument (a hook never reads its environment)."""
     from libinject.apply.cdi import default_hook_path
 
-    return {"path": default_hook_path(), "args": ["nvhook", "prestart"], "env": env}
+    args = ["nvhook-hook"] + (["--config", config] if config else []) + ["prestart"]
+    return {"path": default_hook_path(), "args": args, "env": [f"PATH={SAFE_PATH}"]}
 
 
-def add_legacy_hook(spec: dict[str, Any], log: Log) -> bool:
-    hook = legacy_hook()
+def add_legacy_hook(spec: dict[str, Any], log: Log, config: str = "") -> bool:
+    hook = legacy_hook(config)
     hooks = spec.setdefault("hooks", {}).setdefault("prestart", [])
     for h in hooks:
         p = str(h.get("path", ""))
@@ -216,7 +210,7 @@ def apply_csv_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) 
     procfs_dir = os.path.join(root, "proc/driver/nvidia")
     hook = cdi.HookOptions(path=cdi.default_hook_path(),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
-                           env=_hook_env(),
+                           config=_explicit_config(cfg),
                            procfs_dir=procfs_dir if os.path.isdir(procfs_dir) else "")
     apply_spec.apply_cdi(spec, [cdi.to_cdi(edits, hook, procfs=bool(hook.procfs_dir))])
     log.info(f"csv: {len(edits.device_nodes)} devices, {len(edits.mounts)} mounts, "
@@ -224,12 +218,13 @@ def apply_csv_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) 
     return True
 
 
-def _hook_env() -> tuple[str, ...]:
-    env = [f"PATH={SAFE_PATH}"]
-    for k in ("NVHOOK_CONFIG", "XDG_CONFIG_HOME"):
-        if os.environ.get(k):
-            env.append(f"{k}={os.environ[k]}")
-    return tuple(env)
+def _explicit_config(cfg) -> str:
+    """The shim's config file, for hooks to be given by --config: "" when it is the
+    default one (or none), which the hook reads by itself."""
+    from libinject.config import config_path
+
+    default, _ = config_path(None, {})
+    return os.path.abspath(cfg.source) if cfg.source and cfg.source != default else ""
 
 
 def modify(spec: dict[str, Any], cfg, log: Log) -> bool:
@@ -238,7 +233,7 @@ def modify(spec: dict[str, Any], cfg, log: Log) -> bool:
     mode = resolve_mode(cfg.runtime.mode, devices)
     log.debug(f"mode {cfg.runtime.mode} -> {mode}; devices {devices or 'none'} from {source}")
     if mode == "legacy":
-        return add_legacy_hook(spec, log)
+        return add_legacy_hook(spec, log, _explicit_config(cfg))
     if mode == "cdi":
         return apply_cdi_mode(spec, devices, cfg, log)
     return apply_csv_mode(spec, devices, cfg, log)

@@ -1,0 +1,71 @@
+"""`nvhook serve` run for tests: started through the front (python -I, a clean env), as a
+unit file would start it; its log, request statuses and workers; stopped on the way out."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from support import hookenv
+
+START_TIMEOUT = 60
+
+
+class Serve:
+    """`nvhook-hook --config CFG serve --socket SOCK -v` (through the front: python -I and
+    a clean env, as a unit file would start it), stopped by stop()."""
+
+    def __init__(self, config: Path, sock: Path, *extra: str) -> None:
+        self.sock = sock
+        self.logfile = sock.parent.parent / f"serve-{os.urandom(3).hex()}.log"
+        self.proc = subprocess.Popen(
+            [hookenv.ensure_front(), "--config", str(config), "serve", "--socket", str(sock), "-v", *extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(self.logfile, "wb"), env={})
+        # with snapshots on it discovers the driver before serving (cmd_serve.run)
+        warm = "--no-warm" not in extra and "snapshot = false" not in config.read_text()
+        try:
+            self.wait_until(lambda: "listening on" in self.log(), "listening", START_TIMEOUT)
+            if warm:
+                self.wait_until(lambda: "warm:" in self.log(), "warmed up", START_TIMEOUT)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_until(self, check, what: str, timeout: float = 30) -> None:
+        """Poll check() until it holds; fails the test, with the server's log, when
+        `timeout` s pass or the server exits first."""
+        deadline = time.monotonic() + timeout
+        while not check():
+            if self.proc.poll() is not None:
+                pytest.fail(f"nvhook serve exited ({self.proc.returncode}) before {what}: {self.log()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"nvhook serve: not {what} within {timeout} s: {self.log()}")
+            time.sleep(0.02)
+
+    def log(self) -> str:
+        return self.logfile.read_text(errors="replace")
+
+    def statuses(self) -> list[int]:
+        return [int(s) for s in re.findall(r"request from pid \d+: status (-?\d+)", self.log())]
+
+    def workers(self) -> list[int]:
+        try:
+            return [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+                pytest.fail(f"nvhook serve did not stop within 30 s of signal {sig}: {self.log()}")
+        return self.proc.returncode
