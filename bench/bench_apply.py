@@ -18,12 +18,15 @@ The first sample of each case is checked: every planned mount present in the
 container's mountinfo and the injected libraries listed in its /etc/ld.so.cache.
 
 Baselines, interleaved with the samples, in the same process:
-  fork+wait           os.fork(), child _exit(0), waitpid
+  fork+wait           os.fork(), child _exit(0), reaped through its pidfd, with a
+                      deadline (libinject.linux.child.Child, as apply() waits on its worker)
   fork+setns+1 bind   the least any live injector does: fork, setns into the
                       container, clone one host file (open_tree) and attach it
                       (move_mount) onto an existing file in the rootfs, exit
 Phases come from apply_live.trace (marks at the end of each phase; the worker's are
 sent back with its report), printed as median / p90 over the samples.
+
+Every wait on a child or a pipe has a deadline (WAIT_S); past it the bench stops (SystemExit).
 
 Usage: python bench/bench_apply.py [N] [--mode pid|self|both] [--impl DIR]
        (default N=20, both modes; --impl: libinject from DIR, for before/after runs)
@@ -33,8 +36,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import select
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -45,6 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 ALL_CAPS = frozenset({"utility", "compute", "video", "graphics", "display", "ngx", "compat32"})
+WAIT_S = 120        # the most any one wait on a child (or its pipe) may take
 
 
 
@@ -72,9 +76,11 @@ class Container:
                     os.write(self.res_w, self._self_apply())
             finally:
                 os._exit(0)
+        from libinject.linux.child import Child
+        self.child = Child(self.pid)
         os.close(self.cmd_r)
         os.close(self.res_w)
-        if os.read(self.res_r, 1) != b"r":
+        if _read(self.res_r, 1, time.monotonic() + WAIT_S) != b"r":
             raise SystemExit("container process failed to start")
 
     edits = None
@@ -99,10 +105,13 @@ class Container:
         return (json.dumps({"t": t1 - t0, "t0": t0, "marks": marks, "err": err}) + "\n").encode()
 
     def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        os.close(self.cmd_w)
-        os.close(self.res_r)
+        try:
+            if self.child.reap() is None:
+                raise SystemExit(f"container process {self.pid} still there after SIGKILL")
+        finally:
+            self.child.close()
+            os.close(self.cmd_w)
+            os.close(self.res_r)
 
 
 def _container(edits=None, rootfs: str = "", worker: bool = True) -> Container:
@@ -114,8 +123,9 @@ def _self_sample(c: Container) -> dict:
     import json
     os.write(c.cmd_w, b"a")
     buf = b""
+    deadline = time.monotonic() + WAIT_S
     while not buf.endswith(b"\n"):
-        chunk = os.read(c.res_r, 65536)
+        chunk = _read(c.res_r, 65536, deadline)
         if not chunk:
             raise SystemExit("container process died")
         buf += chunk
@@ -126,6 +136,8 @@ def _pid_sample_oneshot(edits, rootfs: str, pid: int) -> dict:
     """apply(worker=False) as the hook would run it: in a one-shot process (forked
     here, untimed), which it leaves in its own namespace with fewer capabilities."""
     import json
+
+    from libinject.linux.child import Child, collect
     r, w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - child
@@ -134,11 +146,15 @@ def _pid_sample_oneshot(edits, rootfs: str, pid: int) -> dict:
         finally:
             os._exit(0)
     os.close(w)
-    buf = b""
-    while chunk := os.read(r, 65536):
-        buf += chunk
-    os.close(r)
-    os.waitpid(child, 0)
+    try:
+        with Child(child) as c:
+            code, (buf,) = collect(c, [r], WAIT_S)
+    except TimeoutError:
+        raise SystemExit(f"one-shot apply did not finish within {WAIT_S} s") from None
+    finally:
+        os.close(r)
+    if code != 0:
+        raise SystemExit(f"one-shot apply process exited with {code}")
     return json.loads(buf)
 
 
@@ -177,8 +193,7 @@ def _fork_wait() -> float:
     pid = os.fork()
     if pid == 0:  # pragma: no cover
         os._exit(0)
-    os.waitpid(pid, 0)
-    return time.perf_counter() - t0
+    return _reaped(pid, t0, "baseline fork+wait")
 
 
 def _fork_setns_bind(pid: int, src: str, target: str) -> float:
@@ -195,11 +210,26 @@ def _fork_setns_bind(pid: int, src: str, target: str) -> float:
             code = 0
         finally:
             os._exit(code)
-    _, st = os.waitpid(child, 0)
+    return _reaped(child, t0, "baseline bind")
+
+
+def _reaped(pid: int, t0: float, what: str) -> float:
+    """Wait (at most WAIT_S) for child `pid`, forked at t0 (time.perf_counter()), to exit
+    0; the time since t0. The child is reaped through its pidfd, as apply() reaps its worker."""
+    from libinject.linux.child import Child
+    with Child(pid) as c:
+        code = c.wait(WAIT_S)
     dt = time.perf_counter() - t0
-    if st != 0:
-        raise SystemExit("baseline bind failed")
+    if code != 0:
+        raise SystemExit(f"{what} failed: {'timed out' if code is None else f'exit {code}'}")
     return dt
+
+
+def _read(fd: int, n: int, deadline: float) -> bytes:
+    """os.read(fd, n), waiting at most until `deadline` (time.monotonic()) for data."""
+    if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        raise SystemExit(f"no answer from a child within {WAIT_S} s")
+    return os.read(fd, n)
 
 
 def _cache_names(cache: Path) -> dict[str, str]:
@@ -213,8 +243,8 @@ def _cache_names(cache: Path) -> dict[str, str]:
 def _check(edits, rootfs: Path, pid: int, host: Path) -> str:
     """The injection really happened: every planned mount, and every SONAME the host's
     cache has for a library we mounted listed in the container's /etc/ld.so.cache."""
-    with open(f"/proc/{pid}/mountinfo") as f:
-        mps = {line.split()[4] for line in f}
+    from libinject.linux import mountinfo
+    mps = {m.mountpoint for m in mountinfo.read(pid)}
     want = {str(rootfs) + m.container_path for m in edits.mounts}
     want |= {str(rootfs) + d.path for d in edits.device_nodes}
     missing = want - mps

@@ -4,7 +4,9 @@ Everything runs for real, as root. Fixtures clean up what they make.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,28 @@ def sim_host(sim_cache):
     return get
 
 
+@pytest.fixture(scope="session")
+def a100_host(sim_host) -> Path:
+    """The shared a100x8 simulated host the hook tests run containers on."""
+    return sim_host("a100x8")
+
+
+@pytest.fixture(scope="session")
+def gpu_uuids(a100_host) -> list[str]:
+    """a100_host's GPU UUIDs, in index order."""
+    from support import hookenv
+
+    return hookenv.gpu_uuids(a100_host)
+
+
+@pytest.fixture
+def hook_config(tmp_path, a100_host) -> Path:
+    """The hook's config.toml for a100_host, logging (debug) to tmp_path/hook.log."""
+    from support import hookenv
+
+    return hookenv.write_config(tmp_path / "config.toml", a100_host, log=tmp_path / "hook.log")
+
+
 @pytest.fixture
 def fresh_sim_host(tmp_path):
     """fresh_sim_host(profile) -> Path of a simulated host this test may modify."""
@@ -60,8 +84,9 @@ def rootfs(tmp_path) -> Path:
 def host_mounts(mine: str = "") -> list[str]:
     """The host mount table's mount points, less other tests' scratch mounts under /tmp
     (tests of other modules may run concurrently), but keeping any under `mine`."""
-    with open("/proc/self/mountinfo") as f:
-        mps = [line.split()[4] for line in f]
+    from libinject.linux import mountinfo
+
+    mps = [m.mountpoint for m in mountinfo.read()]
     return sorted(m for m in mps if not m.startswith("/tmp/") or (mine and m.startswith(mine)))
 
 
@@ -74,7 +99,31 @@ def no_leaked_mounts(tmp_path):
     assert host_mounts(str(tmp_path)) == before
 
 
+RUN_TIMEOUT = 300
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """subprocess.run, text output captured; a command still running after `timeout`
+    (default RUN_TIMEOUT s) is killed and fails the test (subprocess.TimeoutExpired)."""
     kw.setdefault("capture_output", True)
     kw.setdefault("text", True)
+    kw.setdefault("timeout", RUN_TIMEOUT)
     return subprocess.run(cmd, **kw)
+
+
+@pytest.fixture
+def sockdir():
+    # Short: sun_path holds 108 bytes, pytest's tmp_path can be longer.
+    d = Path(tempfile.mkdtemp(prefix="nvs", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def server(hook_config, sockdir):
+    from support.serve import Serve
+
+    s = Serve(hook_config, sockdir / "run/hook.sock")
+    yield s
+    assert s.stop() == 0, s.log()
+    assert not s.sock.exists()          # it removed its socket on the way out

@@ -60,24 +60,24 @@ def test_apply_standalone_exact_mounts(rootfs, tmp_path, worker, no_leaked_mount
     edits = make_host(tmp_path / "host")
     r = in_ns(_apply_and_look, rootfs, edits, **({} if worker else {"worker": False}))
     planned = _planned(edits)
-    got = [m["mp"][len(str(rootfs)):] for m in r["mounts"]]
+    got = [m.mountpoint[len(str(rootfs)):] for m in r["mounts"]]
     assert sorted(got) == sorted(planned)      # exactly these (mountinfo lists by creation)
     assert r["returned"] == planned            # attached in this order
-    by = {m["mp"][len(str(rootfs)):]: m for m in r["mounts"]}
+    by = {m.mountpoint[len(str(rootfs)):]: m for m in r["mounts"]}
     proc = by["/proc/driver/nvidia"]
-    assert proc["fstype"] == "tmpfs" and {"ro", "nosuid", "nodev", "noexec"} <= proc["opts"]
+    assert proc.fstype == "tmpfs" and {"ro", "nosuid", "nodev", "noexec"} <= proc.options
     for m in edits.mounts:
-        opts = by[m.container_path]["opts"]
+        opts = by[m.container_path].options
         if m.kind == "ipc":
             assert {"rw", "nosuid", "nodev", "noexec"} <= opts
         else:
             assert {"ro", "nosuid", "nodev"} <= opts and "noexec" not in opts
-        assert by[m.container_path]["root"] == m.host_path
+        assert by[m.container_path].root == m.host_path
     for d in edits.device_nodes:
-        opts = by[d.path]["opts"]
+        opts = by[d.path].options
         assert {"rw", "nosuid", "noexec"} <= opts and "nodev" not in opts
     for _, n in edits.procfs.gpu_dirs:
-        assert {"ro", "nosuid", "nodev", "noexec"} <= by[f"/proc/driver/nvidia/gpus/{n}"]["opts"]
+        assert {"ro", "nosuid", "nodev", "noexec"} <= by[f"/proc/driver/nvidia/gpus/{n}"].options
     assert r["wrote"] == errno.EROFS           # read-only really is read-only
     assert r["devs"] == {"nvidiactl": (True, 195, 255), "nvidia0": (True, 195, 0),
                          "nvidia3": (True, 195, 3)}
@@ -187,7 +187,7 @@ def test_apply_into_other_namespace(rootfs, tmp_path, container, no_leaked_mount
     mounted = apply(edits, str(rootfs), pid=container)
     assert mounted == _planned(edits)
     mnts = new_mounts(before_ns, mountinfo(container))
-    assert sorted(m["mp"][len(str(rootfs)):] for m in mnts) == sorted(_planned(edits))
+    assert sorted(m.mountpoint[len(str(rootfs)):] for m in mnts) == sorted(_planned(edits))
     # device targets were made in the container's /dev tmpfs, not in the host's rootfs
     assert os.listdir(rootfs / "dev") == []
     out = subprocess.run(["nsenter", "-t", str(container), "-m", "sh", "-c",
@@ -257,7 +257,7 @@ def test_in_process_into_other_namespace(rootfs, tmp_path, container, no_leaked_
     assert r["caps"]["CapPrm"] == r["caps"]["CapBnd"]
     assert not r["caps"]["CapBnd"] & (1 << 16) and r["caps"]["CapBnd"] & (1 << 21)
     mnts = new_mounts(before_ns, mountinfo(container))
-    assert sorted(m["mp"][len(str(rootfs)):] for m in mnts) == sorted(_planned(edits))
+    assert sorted(m.mountpoint[len(str(rootfs)):] for m in mnts) == sorted(_planned(edits))
     assert os.listdir(rootfs / "dev") == []       # made in the container's /dev tmpfs
 
 
@@ -324,7 +324,7 @@ def _compat_apply(rootfs, edits):
     from libinject.apply.live import apply
     before = mountinfo()
     apply(edits, str(rootfs))
-    return [(m["mp"][len(str(rootfs)):], m["root"], m["opts"]) for m in new_mounts(before, mountinfo())]
+    return [(m.mountpoint[len(str(rootfs)):], m.root, m.options) for m in new_mounts(before, mountinfo())]
 
 
 def test_cuda_compat_mount_only_newer_regular_files(rootfs, tmp_path, no_leaked_mounts):

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import NVHOOK, run
+from libinject.linux import mountinfo
+from support import hookenv
 
 VER = "550.163.01"
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -38,16 +40,11 @@ def dry_plan(host: Path, rootfs: Path, *flags: str) -> dict:
     return json.loads(r.stdout)
 
 
-def parse_mountinfo(text: str, under: Path) -> dict[str, set[str]]:
+def parse_mountinfo(text: str, under: Path) -> dict[str, frozenset[str]]:
     """mount point -> per-mount options, for mounts at or below `under`."""
-    out: dict[str, set[str]] = {}
     prefix = str(under)
-    for line in text.splitlines():
-        f = line.split()
-        mp = f[4].replace("\\040", " ")
-        if mp == prefix or mp.startswith(prefix + "/"):
-            out[mp] = set(f[5].split(","))
-    return out
+    return {m.mountpoint: m.options for m in mountinfo.parse(text)
+            if m.mountpoint == prefix or m.mountpoint.startswith(prefix + "/")}
 
 
 def expected_mounts(edits: dict, rootfs: Path) -> dict[str, set[str]]:
@@ -72,8 +69,7 @@ def no_mounts_left(tmp_path):
     suite-wide no_leaked_mounts compares the whole table, which other tests running on
     the same machine change)."""
     yield
-    with open("/proc/self/mountinfo") as f:
-        left = [line.split()[4] for line in f if line.split()[4].startswith(str(tmp_path))]
+    left = [m.mountpoint for m in mountinfo.read() if m.mountpoint.startswith(str(tmp_path))]
     assert left == []
 
 
@@ -101,12 +97,6 @@ ls -ln {q(rootfs)}/dev/nvidia-caps > {q(out / "caps")} 2>&1 || true
     return {p.name: p.read_text() for p in out.iterdir()}
 
 
-def gpu_uuids(host: Path) -> list[str]:
-    from libinject.discover.driver import discover
-
-    return [g.uuid for g in discover(str(host)).info.gpus]
-
-
 def test_standalone_utility_compute(sim_host, smi_rootfs, tmp_path, no_mounts_left):
     host = sim_host("a100x8")
     flags = ("--device=1", "--utility", "--compute")
@@ -121,7 +111,7 @@ def test_standalone_utility_compute(sim_host, smi_rootfs, tmp_path, no_mounts_le
         if "ro" not in opts:
             assert "rw" in got[mp], mp
     # nvidia-smi inside sees GPU 1 only.
-    uuids = gpu_uuids(host)
+    uuids = hookenv.gpu_uuids(host)
     smi = seen["smi"]
     assert uuids[1] in smi, smi
     assert sum(u in smi for u in uuids) == 1, smi
@@ -163,9 +153,16 @@ def test_mig_selection_gives_cap_nodes(sim_host, smi_rootfs, tmp_path, no_mounts
     assert set(caps) == {f"/dev/nvidia-caps/nvidia-cap{mig.gi_access_minor}",
                          f"/dev/nvidia-caps/nvidia-cap{mig.ci_access_minor}"}
     seen = configure_and_look(host, smi_rootfs, tmp_path, f"--device={mig.uuid}", "--utility", "--compute")
-    for path, (major, minor) in caps.items():
-        assert f"{major}, {minor}" in seen["caps"] or f"{major},{minor}" in seen["caps"].replace(", ", ","), seen["caps"]
-        assert path.rsplit("/", 1)[1] in seen["caps"]
+    # `ls -ln` of the container's /dev/nvidia-caps: exactly the planned nodes, each a
+    # character device with the planned numbers ("crw... 1 0 0 236, 12 DATE nvidia-cap12")
+    total, *lines = seen["caps"].splitlines()
+    assert total.startswith("total "), seen["caps"]
+    made = {}
+    for line in lines:
+        f = line.split()
+        assert f[0].startswith("c") and f[4].endswith(","), line
+        made[f[-1]] = (int(f[4].rstrip(",")), int(f[5]))
+    assert made == {path.rsplit("/", 1)[1]: numbers for path, numbers in caps.items()}, seen["caps"]
     assert mig.uuid in seen["smi"], seen["smi"]
     assert str(smi_rootfs / f"dev/nvidia{gpu.minor}") in seen["mountinfo"]
 
@@ -286,7 +283,8 @@ def test_runc_selected_gpu_only(sim_host, tmp_path, mode, no_mounts_left):
     assert res["/dev/nvidia1"] == "ENXIO", res
     assert res["/dev/nvidia0"] == "EPERM", res
     assert res["/dev/nvidiactl"] == "ENXIO", res
-    assert gpu_uuids(host)[1] in res["smi"] and gpu_uuids(host)[0] not in res["smi"], res["smi"]
+    uuids = hookenv.gpu_uuids(host)
+    assert uuids[1] in res["smi"] and uuids[0] not in res["smi"], res["smi"]
 
 
 @pytest.mark.parametrize("mode", ["v1", "v2"])
@@ -322,7 +320,8 @@ def test_cli_request_mapping():
     assert (r.mig_config, r.mig_monitor, r.imex_channels) == ("all", None, "1,2")
     assert r.no_cgroups and r.no_persistenced and not r.no_devbind
     assert r.ldconfig == "@/sbin/ldconfig.real" and r.cuda_compat_mode == "mount"
-    assert r.user == (1000, 1001)
+    # --user is discovery's (DiscoverOptions), not part of what the container asks for
+    assert not hasattr(r, "user")
 
 
 def test_cli_request_defaults():
@@ -332,7 +331,7 @@ def test_cli_request_defaults():
     assert r.devices == "none"            # no --device: driver only, as nvidia-container-cli
     assert r.capabilities == frozenset()  # no capability flag: no libraries or binaries
     assert r.ldconfig == "@/sbin/ldconfig" and r.cuda_compat_mode == "ldconfig"
-    assert r.user is None and r.requirements == ()
+    assert r.requirements == ()
 
 
 def test_driver_root_given_through_a_symlink(sim_host, rootfs, tmp_path):
@@ -342,5 +341,5 @@ def test_driver_root_given_through_a_symlink(sim_host, rootfs, tmp_path):
     link.symlink_to(sim_host("t4x1"))
     r = subprocess.run(["unshare", "-m", "--propagation", "private", NVHOOK, "--root", str(link),
                         "configure", "--device", "0", "--utility", "--no-cgroups", str(rootfs)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

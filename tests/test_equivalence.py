@@ -12,35 +12,19 @@ whether the GPUs came from
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 import support.runc as R
 from conftest import NVHOOK, run
-from test_cdi_podman import Podman
-from test_shim import ENV_PATH, SHIM, SNAPSHOT, gpu_env, snapshot_lines, write_config
+from support.driverview import SNAPSHOT, split_opens
+from support.podman import Podman, state_dir
+from support.shimenv import ENV_PATH, SHIM, gpu_env, prestart_hooks, write_config
 
 ALL_CAPS = ["--compute", "--utility", "--video", "--graphics", "--display", "--ngx", "--compat32"]
 OPENS = ("for m in {minors}; do if dd if=/dev/nvidia$m of=/dev/null count=0 2>/tmp/e; "
          "then echo \"open $m OK\"; else echo \"open $m $(cat /tmp/e)\"; fi; done")
-
-
-def _split(out: str) -> tuple[list[str], dict[int, str]]:
-    snap, opens = [], {}
-    for ln in snapshot_lines(out):
-        m = re.match(r"open (\d+) (.*)", ln)
-        if m:
-            t = m[2]
-            opens[int(m[1])] = ("ENXIO" if "No such device or address" in t else
-                                "EPERM" if "Operation not permitted" in t else
-                                "ENOENT" if "No such file" in t else t)
-        else:
-            snap.append(ln)
-    return snap, opens
 
 
 @pytest.mark.parametrize("profile,device", [("a100x8", "1"), ("h100x8-mig", "0:1")])
@@ -63,12 +47,10 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
 
     # 1. the prestart hook
     monkeypatch.setattr(R, "RUNC", runc)
-    hooks = {"prestart": [{"path": NVHOOK, "args": ["nvhook", "prestart"],
-                           "env": [ENV_PATH, f"NVHOOK_CONFIG={cfg}"]}]}
-    with R.RuncContainer(tmp_path, env=gpu_env(device), hooks=hooks) as c:
+    with R.RuncContainer(tmp_path, env=gpu_env(device), hooks=prestart_hooks(cfg)) as c:
         c.create()
         c.start()
-        results["hook"] = _split(c.exec("sh", "-c", script).stdout)
+        results["hook"] = split_opens(c.exec("sh", "-c", script).stdout)
 
     # 2. nvhook configure --pid on a running container
     with R.RuncContainer(tmp_path, env=[ENV_PATH]) as c:
@@ -77,7 +59,7 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
         r = run([NVHOOK, "--root", str(host), "configure", "--pid", str(c.pid), "--device", device,
                  *ALL_CAPS, str(c.rootfs)])
         assert r.returncode == 0, r.stderr
-        results["configure"] = _split(c.exec("sh", "-c", script).stdout)
+        results["configure"] = split_opens(c.exec("sh", "-c", script).stdout)
 
     # 3. the runtime shim in cdi mode
     monkeypatch.setattr(R, "RUNC", SHIM)
@@ -86,19 +68,17 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
         c.start()
         spec = json.loads((c.bundle / "config.json").read_text())
         assert any(h["args"][2] == "create-symlinks" for h in spec["hooks"]["createContainer"])
-        results["shim-cdi"] = _split(c.exec("sh", "-c", script).stdout)
+        results["shim-cdi"] = split_opens(c.exec("sh", "-c", script).stdout)
 
     # 4. podman with the same spec
     from libinject.sim.rootfs import build_rootfs
 
     rootfs = build_rootfs(tmp_path / "podman-rootfs")
-    state = Path(tempfile.mkdtemp(prefix="nvpm", dir="/tmp"))   # short: see test_cdi_podman
-    try:
-        r = Podman(state, specs).run(rootfs, [f"nvidia.com/gpu={device}"], script)
-        assert r.returncode == 0, r.stderr
-        results["podman-cdi"] = _split(r.stdout)
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
+    with state_dir() as state:
+        r = Podman(state).run(rootfs, ["sh", "-c", script], cdi_specs=specs,
+                              devices=[f"nvidia.com/gpu={device}"])
+    assert r.returncode == 0, r.stderr
+    results["podman-cdi"] = split_opens(r.stdout)
 
     ref_snap, ref_opens = results["hook"]
     # the reference is a real injection: nvidia-smi lists the device, its node opens

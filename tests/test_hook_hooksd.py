@@ -61,15 +61,15 @@ def test_install(tmp_path):
 
 def test_cli(tmp_path):
     hookenv.ensure_front()
-    r = subprocess.run([NVHOOK, "hooks", "print"], capture_output=True, text=True, check=True)
+    r = subprocess.run([NVHOOK, "hooks", "print"], capture_output=True, text=True, check=True, timeout=60)
     doc = json.loads(r.stdout)
     validate(doc)
     assert doc["hook"]["path"] == str(hookenv.FRONT)
     r = subprocess.run([NVHOOK, "--config", "/x.toml", "hooks", "install", "--annotation", "--dir",
-                        str(tmp_path)], capture_output=True, text=True, check=True)
+                        str(tmp_path)], capture_output=True, text=True, check=True, timeout=60)
     written = Path(r.stdout.strip())
     assert written.parent == tmp_path
     assert json.loads(written.read_text())["hook"]["args"] == ["nvhook-hook", "--config", "/x.toml", "prestart"]
     r = subprocess.run([NVHOOK, "hooks", "install", "--dir", str(tmp_path), "--hook-path", "/nope"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.startswith("nvhook: hook /nope is not an executable")

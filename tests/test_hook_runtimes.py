@@ -14,33 +14,11 @@ from pathlib import Path
 import pytest
 
 from support import hookenv
+from support.hookenv import ENV, PROBE, assert_only_gpu1, gpu_container
+from support.podman import Podman, state_dir
 from support.runc import RuncContainer, RuncError
 
-PROBE = ("nvidia-smi -L; for d in /dev/nvidia0 /dev/nvidia1; do "
-         "dd if=$d of=/dev/null bs=1 count=0 2>&1 | grep -o \"can't open.*\" || echo \"$d: OK\"; done")
 UNTOUCHED = "ls /dev; grep -c nvidia /proc/self/mountinfo; test -e /usr/bin/nvidia-smi && echo HAS-SMI; true"
-ENV = ["PATH=/usr/bin:/bin"]
-
-
-@pytest.fixture(scope="module")
-def host(sim_host) -> Path:
-    return sim_host("a100x8")
-
-
-@pytest.fixture(scope="module")
-def gpu_uuids(host) -> list[str]:
-    return hookenv.gpu_uuids(host)
-
-
-@pytest.fixture
-def hook_config(tmp_path, host) -> Path:
-    return hookenv.write_config(tmp_path / "config.toml", host, log=tmp_path / "hook.log")
-
-
-def assert_only_gpu1(out: str, uuids: list[str]) -> None:
-    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [uuids[1]], out
-    assert "can't open '/dev/nvidia0': Operation not permitted" in out, out
-    assert "can't open '/dev/nvidia1': No such device or address" in out, out
 
 
 def assert_untouched(out: str) -> None:
@@ -49,17 +27,11 @@ def assert_untouched(out: str) -> None:
     assert "HAS-SMI" not in out
 
 
-def _runc(tmp_path, hook_config, env, args, mode="v1", stage="prestart"):
-    return RuncContainer(tmp_path, mode=mode, args=["sh", "-c", args], env=ENV + env,
-                         devices=[("/dev/nvidia0", 195, 0)],
-                         hooks={stage: [hookenv.hook_entry(hook_config, stage)]})
-
-
 # -- runc ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["v1", "v2"])
 def test_runc_gpu1(tmp_path, hook_config, gpu_uuids, mode):
-    with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, mode) as c:
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, mode) as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
     log = (tmp_path / "hook.log").read_text()
@@ -68,7 +40,7 @@ def test_runc_gpu1(tmp_path, hook_config, gpu_uuids, mode):
 
 @pytest.mark.parametrize("mode", ["v1", "v2"])
 def test_runc_void_untouched(tmp_path, hook_config, mode):
-    with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED, mode) as c:
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED, mode) as c:
         r = c.run()
     assert r.returncode == 0, r.stderr
     assert_untouched(r.stdout)
@@ -76,7 +48,7 @@ def test_runc_void_untouched(tmp_path, hook_config, mode):
 
 def test_runc_by_uuid_and_all_caps(tmp_path, hook_config, gpu_uuids):
     env = [f"NVIDIA_VISIBLE_DEVICES={gpu_uuids[1]}", "NVIDIA_DRIVER_CAPABILITIES=all"]
-    with _runc(tmp_path, hook_config, env, PROBE) as c:
+    with gpu_container(tmp_path, hook_config, env, PROBE) as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
 
@@ -91,26 +63,25 @@ def test_runc_by_uuid_and_all_caps(tmp_path, hook_config, gpu_uuids):
      "nvhook: cannot set NVIDIA_MIG_CONFIG_DEVICES in non privileged container"),
 ])
 def test_runc_create_fails_with_our_message(tmp_path, hook_config, env, message):
-    with _runc(tmp_path, hook_config, env, "sleep 100") as c:
+    with gpu_container(tmp_path, hook_config, env, "sleep 100") as c:
         with pytest.raises(RuncError) as e:
             c.create()
         rootfs = str(c.rootfs)
     assert message in str(e.value)
-    with open("/proc/self/mountinfo") as f:
-        assert rootfs not in f.read()
+    assert hookenv.mounts_naming(rootfs) == []
 
 
 def test_runc_legacy_cuda_image_gets_all_gpus(tmp_path, hook_config, gpu_uuids):
-    with _runc(tmp_path, hook_config, ["CUDA_VERSION=12.2.0"], "nvidia-smi -L") as c:
+    with gpu_container(tmp_path, hook_config, ["CUDA_VERSION=12.2.0"], "nvidia-smi -L") as c:
         r = c.run()
     assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", r.stdout) == gpu_uuids, r.stdout + r.stderr
-    with _runc(tmp_path, hook_config, ["CUDA_VERSION=12.5.0"], "true") as c:
+    with gpu_container(tmp_path, hook_config, ["CUDA_VERSION=12.5.0"], "true") as c:
         with pytest.raises(RuncError, match=r"unsatisfied condition: cuda>=12\.5"):
             c.create()
 
 
 def test_runc_cdi_annotation(tmp_path, hook_config, gpu_uuids):
-    with _runc(tmp_path, hook_config, [], PROBE) as c:
+    with gpu_container(tmp_path, hook_config, [], PROBE) as c:
         c.config["annotations"] = {"cdi.k8s.io/gpus": "nvidia.com/gpu=1"}
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
@@ -128,7 +99,7 @@ def test_runc_poststart_poststop_do_nothing(tmp_path, hook_config):
 # -- crun ---------------------------------------------------------------------------------
 
 def _crun(tmp_path, hook_config, env, args, annotations=None):
-    with _runc(tmp_path, hook_config, env, args) as c:   # the bundle; crun runs it
+    with gpu_container(tmp_path, hook_config, env, args) as c:   # the bundle; crun runs it
         c.config["annotations"] = dict(annotations or {})
         c.write_config()
         return hookenv.crun_run(c.bundle, c.id, tmp_path / "crun-state")
@@ -161,16 +132,10 @@ PODMAN_PROBE = ("nvidia-smi -L; mknod /dev/n0 c 195 0; mknod /dev/n1 c 195 1; fo
 
 @pytest.fixture
 def podman():
-    # A short state path: conmon's attach socket lives under it (sun_path is 108 bytes;
-    # under pytest's tmp_path podman waits out conmon's 20 s timeout instead).
-    import shutil
-    import tempfile
-
-    state = Path(tempfile.mkdtemp(prefix="pm", dir="/tmp"))
-    p = hookenv.Podman(state)
-    yield p
-    p.cleanup()
-    shutil.rmtree(state, ignore_errors=True)
+    with state_dir() as state:
+        p = Podman(state)
+        yield p
+        p.cleanup()
 
 
 @pytest.fixture
@@ -183,7 +148,7 @@ def hooks_dir(tmp_path, hook_config) -> Path:
 
 
 def test_podman_hooks_dir(tmp_path, podman, hooks_dir, rootfs, gpu_uuids):
-    r = podman.run(hooks_dir, rootfs, ["sh", "-c", PODMAN_PROBE], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    r = podman.run(rootfs, ["sh", "-c", PODMAN_PROBE], hooks_dir=hooks_dir, env=["NVIDIA_VISIBLE_DEVICES=1"])
     out = r.stdout + r.stderr
     assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [gpu_uuids[1]], out
     assert "can't open '/dev/n0': Operation not permitted" in out, out
@@ -193,10 +158,10 @@ def test_podman_hooks_dir(tmp_path, podman, hooks_dir, rootfs, gpu_uuids):
 
 
 def test_podman_void_and_error(podman, hooks_dir, rootfs):
-    r = podman.run(hooks_dir, rootfs, ["sh", "-c", UNTOUCHED], env=["NVIDIA_VISIBLE_DEVICES=void"])
+    r = podman.run(rootfs, ["sh", "-c", UNTOUCHED], hooks_dir=hooks_dir, env=["NVIDIA_VISIBLE_DEVICES=void"])
     assert r.returncode == 0, r.stderr
     assert_untouched(r.stdout)
-    r = podman.run(hooks_dir, rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=9"])
+    r = podman.run(rootfs, ["true"], hooks_dir=hooks_dir, env=["NVIDIA_VISIBLE_DEVICES=9"])
     assert r.returncode != 0 and "nvhook: unknown device: 9" in r.stderr
 
 
@@ -206,11 +171,11 @@ def test_podman_annotation_gated_hook(tmp_path, podman, hook_config, rootfs, gpu
     d = tmp_path / "hooks-annotated.d"
     hookinstall.install(str(d), "annotation", hookenv.ensure_front(), str(hook_config))
     # no annotation: the hook is not even injected, whatever the env says
-    r = podman.run(d, rootfs, ["sh", "-c", UNTOUCHED], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    r = podman.run(rootfs, ["sh", "-c", UNTOUCHED], hooks_dir=d, env=["NVIDIA_VISIBLE_DEVICES=1"])
     assert r.returncode == 0, r.stderr
     assert_untouched(r.stdout)
     assert not (tmp_path / "hook.log").exists()
-    r = podman.run(d, rootfs, ["nvidia-smi", "-L"], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+    r = podman.run(rootfs, ["nvidia-smi", "-L"], hooks_dir=d, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
     assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", r.stdout) == [gpu_uuids[1]], r.stdout + r.stderr
 
 
@@ -219,14 +184,14 @@ def test_podman_annotation_gated_hook(tmp_path, podman, hook_config, rootfs, gpu
 def test_containerd_ctr_run_config(tmp_path, hook_config, gpu_uuids):
     ctrd = hookenv.Containerd(tmp_path / "containerd")
     try:
-        with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
+        with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
             r = ctrd.run(c.config, "gpu1")
         assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-        with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED) as c:
+        with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=void"], UNTOUCHED) as c:
             r = ctrd.run(c.config, "void")
         assert r.returncode == 0, r.stderr
         assert_untouched(r.stdout)
-        with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=9"], "true") as c:
+        with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=9"], "true") as c:
             r = ctrd.run(c.config, "bad")
         assert r.returncode != 0 and "nvhook: unknown device: 9" in r.stderr
     finally:
@@ -237,7 +202,7 @@ def test_runc_create_container_stage_v2(tmp_path, hook_config, gpu_uuids):
     # createContainer runs inside the container's namespaces (runc: pid 1 in the state);
     # the hook stands in its own pid. (cgroup v1 is not covered: there the container's
     # read-only cgroup mounts are what the hook sees.)
-    with _runc(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v2", "createContainer") as c:
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v2", "createContainer") as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
     assert "createContainer: done" in (tmp_path / "hook.log").read_text()

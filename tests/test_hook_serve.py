@@ -11,114 +11,50 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from support import hookenv
-from support.runc import RuncContainer, RuncError
-from test_hook_runtimes import PROBE, assert_only_gpu1
-
-ENV = ["PATH=/usr/bin:/bin"]
-
-
-class Serve:
-    """`nvhook-hook --config CFG serve --socket SOCK -v` (through the front: python -I and
-    a clean env, as a unit file would start it), stopped by stop()."""
-
-    def __init__(self, config: Path, sock: Path, *extra: str) -> None:
-        self.sock = sock
-        self.logfile = sock.parent.parent / f"serve-{os.urandom(3).hex()}.log"
-        self.proc = subprocess.Popen(
-            [hookenv.ensure_front(), "--config", str(config), "serve", "--socket", str(sock), "-v", *extra],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(self.logfile, "wb"), env={})
-        deadline = time.monotonic() + 60
-        while "listening on" not in self.log():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"nvhook serve did not start: {self.log()}")
-            time.sleep(0.02)
-        while "warm:" not in self.log() and "snapshot = false" not in config.read_text():
-            time.sleep(0.02)
-
-    def log(self) -> str:
-        return self.logfile.read_text(errors="replace")
-
-    def statuses(self) -> list[int]:
-        return [int(s) for s in re.findall(r"request from pid \d+: status (-?\d+)", self.log())]
-
-    def workers(self) -> list[int]:
-        try:
-            return [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()]
-        except FileNotFoundError:
-            return []
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-@pytest.fixture(scope="module")
-def host(sim_host) -> Path:
-    return sim_host("a100x8")
-
-
-@pytest.fixture(scope="module")
-def gpu_uuids(host) -> list[str]:
-    return hookenv.gpu_uuids(host)
-
-
-@pytest.fixture
-def sockdir():
-    # Short: sun_path holds 108 bytes, pytest's tmp_path can be longer.
-    d = Path(tempfile.mkdtemp(prefix="nvs", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def hook_config(tmp_path, host) -> Path:
-    return hookenv.write_config(tmp_path / "config.toml", host, log=tmp_path / "hook.log")
-
-
-@pytest.fixture
-def server(hook_config, sockdir):
-    s = Serve(hook_config, sockdir / "run/hook.sock")
-    yield s
-    assert s.stop() == 0, s.log()
-    assert not s.sock.exists()          # it removed its socket on the way out
-
+from libinject.linux.child import Child
+from support import hookenv, serve_client
+from support.serve import Serve
+from support.canary import evil_env, make_canary, plant
+from support.hookenv import ENV, PROBE, assert_only_gpu1, gpu_container
+from support.runc import RuncError
 
 def _runc(tmp_path, config, sock, env, args, mode="v1", stage="prestart", hook_env=()):
-    entry = hookenv.hook_entry(config, stage, env=[f"NVHOOK_SOCKET={sock}", *hook_env])
-    return RuncContainer(tmp_path, mode=mode, args=["sh", "-c", args], env=ENV + env,
-                         devices=[("/dev/nvidia0", 195, 0)], hooks={stage: [entry]})
+    return gpu_container(tmp_path, config, env, args, mode, stage, hook_env=hook_env,
+                         socket=str(sock))
 
 
 # -- served ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode, stage", [("v1", "prestart"), ("v2", "prestart"), ("v2", "createContainer")])
-def test_served_gpu1(tmp_path, hook_config, server, gpu_uuids, mode, stage):
-    with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, mode, stage) as c:
+def test_served_gpu1(tmp_path, hook_config, server, gpu_uuids):
+    with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
     assert server.statuses() == [0], server.log()              # the server did it, not a fallback
+    assert "prestart: done" in (tmp_path / "hook.log").read_text()
+    assert "imported after fork" not in server.log()
+
+
+@pytest.mark.parametrize("stage", ["prestart", "createContainer"])
+def test_hooks_outside_the_service_namespace_do_it_themselves(tmp_path, hook_config, server,
+                                                               gpu_uuids, stage):
+    """runc in a private mount namespace (v2 mode) runs its hooks there: the service serves
+    only peers in its own, and a createContainer hook (the container's namespaces) never
+    asks. The front falls back to exec'ing Python and the container is the same."""
+    with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v2", stage) as c:
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert server.statuses() == [], server.log()
     assert f"{stage}: done" in (tmp_path / "hook.log").read_text()
-    assert "imported after fork" not in server.log()           # nothing read from the front's fs
 
 
 @pytest.mark.parametrize("env, message", [
@@ -134,8 +70,7 @@ def test_served_errors_fail_create(tmp_path, hook_config, server, env, message):
     assert message in str(e.value)
     assert "stderr: nvhook:" in str(e.value) and str(e.value).count("nvhook:") == 1   # one line
     assert server.statuses() == [1]
-    with open("/proc/self/mountinfo") as f:
-        assert rootfs not in f.read()
+    assert hookenv.mounts_naming(rootfs) == []
 
 
 def test_served_and_exec_give_the_same_container(tmp_path, hook_config, server):
@@ -213,13 +148,14 @@ def _as_nobody(fn) -> int:
             code = fn()
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    with Child(pid) as child:       # killed and reaped on the way out
+        code = child.wait(60)
+        if code is None:
+            pytest.fail("the child running as nobody did not finish within 60 s")
+        return code
 
 
 def test_non_root_peer_is_refused(tmp_path, server):
-    from libinject.runtime import service as hookserver
-
     b = tmp_path / "bundle"
     b.mkdir()
     state = f'{{"ociVersion":"1.0.2","id":"x","status":"creating","pid":1,"bundle":"{b}"}}'.encode()
@@ -230,7 +166,7 @@ def test_non_root_peer_is_refused(tmp_path, server):
             s.connect(str(server.sock))
         except PermissionError:
             return 13
-        r = hookserver.call(str(server.sock), ["nvhook-hook", "prestart"], state)
+        r = serve_client.call(str(server.sock), ["nvhook-hook", "prestart"], state)
         return 0 if r is None else 1        # None: the front would fall back to exec
 
     # The socket is root's, in a root-only dir: nobody cannot even connect.
@@ -255,19 +191,22 @@ def test_malformed_requests_are_declined(tmp_path, server):
             s.settimeout(30)
             return b"".join(iter(lambda: s.recv(16), b""))
 
-    good = hookserver.encode_request(["nvhook-hook", "prestart"], {})
-    five = [0, 1, 2, os.open("/", os.O_PATH), os.open("/", os.O_PATH)]
+    good = serve_client.encode_request(["nvhook-hook", "prestart"])
+    state = os.memfd_create("state")
+    d = os.open("/", os.O_PATH)
     try:
-        assert raw(b"hello\0", five)[:1] != hookserver.ACCEPTED
-        assert raw(good, five[:3])[:1] != hookserver.ACCEPTED
-        assert raw(hookserver.encode_request(["x", "poststop"], {}), five)[:1] != hookserver.ACCEPTED
-        assert raw(hookserver.encode_request(["x", "prestart"], {"LD_PRELOAD": "/x"}), five)[:1] != hookserver.ACCEPTED
-        assert raw(good, [five[3], 1, 2, five[3], five[4]])[:1] != hookserver.ACCEPTED   # state not a file
+        assert raw(b"hello\0", [state])[:1] != hookserver.ACCEPTED
+        assert raw(good, [])[:1] != hookserver.ACCEPTED
+        assert raw(good, [state, 1, 2])[:1] != hookserver.ACCEPTED        # stdio is never taken
+        assert raw(serve_client.encode_request(["x", "poststop"]), [state])[:1] != hookserver.ACCEPTED
+        assert raw(serve_client.encode_request(["x", "createContainer"]), [state])[:1] != hookserver.ACCEPTED
+        assert raw(good + b"eLD_PRELOAD=/x\0", [state])[:1] != hookserver.ACCEPTED   # no env items
+        assert raw(good, [d])[:1] != hookserver.ACCEPTED                   # state not a file
     finally:
-        os.close(five[3])
-        os.close(five[4])
-    assert server.log().count("declined") == 5, server.log()
-    assert hookserver.call(str(server.sock), ["nvhook-hook", "poststop"], b"{}") is None
+        os.close(state)
+        os.close(d)
+    assert server.log().count("declined") == 7, server.log()
+    assert serve_client.call(str(server.sock), ["nvhook-hook", "poststop"], b"{}") is None
 
 
 def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
@@ -282,38 +221,36 @@ def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
                  f'"bundle":"{c.bundle}"}}').encode()
         mfd = os.memfd_create("state")
         os.write(mfd, state)
-        dirs = [os.open("/", os.O_PATH), os.open("/", os.O_PATH)]
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(30)
             s.connect(str(server.sock))
-            msg = hookserver.encode_request(["nvhook-hook", "--config", str(hook_config), "prestart"], {})
-            s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("5i", mfd, 1, 2, *dirs))])
-            assert s.recv(16) == hookserver.ACCEPTED
-        for fd in (mfd, *dirs):
-            os.close(fd)
-        deadline = time.monotonic() + 30
-        while not server.statuses() and time.monotonic() < deadline:
-            time.sleep(0.02)
+            msg = serve_client.encode_request(["nvhook-hook", "--config", str(hook_config), "prestart"])
+            s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", mfd))])
+            assert s.recv(16)[:1] == hookserver.ACCEPTED
+        os.close(mfd)
+        server.wait_until(server.statuses, "done with the request")
         assert server.statuses() == [0]
-        log = tmp_path / "hook.log"
-        assert not log.exists() or "configuring" not in log.read_text()
-        with open(f"/proc/{pid}/mountinfo") as f:
-            assert "nvidia" not in f.read()
+        # the worker returned before the hook ran: nothing even opened the hook's log
+        assert not (tmp_path / "hook.log").exists()
+        assert hookenv.mounts_naming("nvidia", pid) == []
         # the same request, committed, is served
-        assert hookserver.call(str(server.sock), ["nvhook-hook", "--config", str(hook_config), "prestart"],
+        assert serve_client.call(str(server.sock), ["nvhook-hook", "--config", str(hook_config), "prestart"],
                                state) == 0
-        with open(f"/proc/{pid}/mountinfo") as f:
-            assert "nvidia1" in f.read()
+        assert hookenv.mounts_naming("nvidia1", pid)
 
 
 def test_parse_request():
-    from libinject.runtime.service import Request, encode_request, parse_request
+    from libinject.runtime.service import Request, parse_request
+    from support.serve_client import encode_request
 
-    msg = encode_request(["nvhook-hook", "--config", "/c", "prestart"], {"NVHOOK_CONFIG": "/a=b"})
-    assert parse_request(msg) == Request(("nvhook-hook", "--config", "/c", "prestart"), {"NVHOOK_CONFIG": "/a=b"})
+    msg = encode_request(["nvhook-hook", "--config", "/c", "prestart"], "/run/bundle")
+    assert parse_request(msg) == Request(("nvhook-hook", "--config", "/c", "prestart"), "/run/bundle")
     assert parse_request(msg).stage == "prestart"
-    for bad in (b"", b"NVHOOK1\0", b"NVHOOK2\0anvhook\0aprestart\0", msg[:-1], b"NVHOOK1\0xa\0ab\0",
-                encode_request(["a", "b"], {"PYTHONPATH": "/x"}), b"NVHOOK1\0aa\0eNVHOOK_CONFIG\0",
-                b"NVHOOK1\0a\xff\0ab\0", msg + b"a" * (64 << 10)):
+    assert parse_request(encode_request(["a", "prestart"], None)).cwd is None
+    for bad in (b"", b"NVHOOK2\0", b"NVHOOK1\0anvhook\0aprestart\0", msg[:-1], b"NVHOOK2\0xa\0ab\0",
+                encode_request(["a", "b"]) + b"ePYTHONPATH=/x\0", b"NVHOOK2\0aa\0ab\0crel\0",
+                encode_request(["a", "b"], "/x") + b"c/y\0", b"NVHOOK2\0a\xff\0ab\0",
+                msg + b"a" * (64 << 10)):
         with pytest.raises(ValueError):
             parse_request(bad)
 
@@ -330,24 +267,23 @@ def _hanging_config(tmp_path, host) -> Path:
 
 def _front(config: Path, sock: Path, bundle: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     state = f'{{"ociVersion":"1.0.2","id":"x","status":"creating","pid":1,"bundle":"{bundle}"}}'
-    return subprocess.run([hookenv.ensure_front(), "--config", str(config), "prestart"], input=state,
-                          capture_output=True, text=True, env={"NVHOOK_SOCKET": str(sock)}, timeout=timeout)
+    return subprocess.run([hookenv.ensure_front(), "--config", str(config), "--socket", str(sock),
+                           "prestart"], input=state, capture_output=True, text=True, env={},
+                          timeout=timeout)
 
 
-def test_server_survives_a_worker_crash(tmp_path, host, hook_config, server, gpu_uuids):
-    hang = _hanging_config(tmp_path, host)
+def test_server_survives_a_worker_crash(tmp_path, a100_host, hook_config, server, gpu_uuids):
+    hang = _hanging_config(tmp_path, a100_host)
     with _runc(tmp_path, hang, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
         c.write_config()
         result: dict[str, subprocess.CompletedProcess[str]] = {}
         t = threading.Thread(target=lambda: result.setdefault("r", _front(hang, server.sock, c.bundle)))
         t.start()
-        deadline = time.monotonic() + 30
-        while not server.workers() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert server.workers(), server.log()
+        server.wait_until(server.workers, "running a worker")
         for w in server.workers():
             os.kill(w, signal.SIGKILL)
-        t.join(60)
+        t.join(90)          # _front() gives up after 60 s
+        assert not t.is_alive(), "the front still waits for the server 90 s after its worker died"
     r = result["r"]
     assert (r.returncode, r.stderr) == (1, "nvhook: hook service: worker died configuring the container\n")
     assert "died of signal 9" in server.log()
@@ -358,8 +294,8 @@ def test_server_survives_a_worker_crash(tmp_path, host, hook_config, server, gpu
     assert server.statuses() == [-1, 0]
 
 
-def test_worker_timeout(tmp_path, host, hook_config, sockdir):
-    hang = _hanging_config(tmp_path, host)
+def test_worker_timeout(tmp_path, a100_host, hook_config, sockdir):
+    hang = _hanging_config(tmp_path, a100_host)
     s = Serve(hook_config, sockdir / "hook.sock", "--timeout", "1")
     try:
         with _runc(tmp_path, hang, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
@@ -404,21 +340,19 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
 
 
 def test_container_env_reaches_neither_server_nor_worker(tmp_path, hook_config, server):
-    from test_hook_isolation import _evil_env, _plant, make_canary
-
     canary = make_canary(tmp_path)
     out, lib, pydir = canary["out"], canary["lib"], canary["pydir"]
 
     hook_env = [f"LD_PRELOAD={lib}", f"PYTHONPATH={pydir}", "PYTHONHOME=/nonexistent",
-                f"NVHOOK_CONFIG={hook_config}", "XDG_CONFIG_HOME=/nonexistent"]
+                "NVHOOK_CONFIG=/nonexistent", "XDG_CONFIG_HOME=/nonexistent"]
     with _runc(tmp_path, hook_config, server.sock, [], "nvidia-smi -L", hook_env=hook_env) as c:
-        _plant(c.rootfs, canary)
-        c.config["process"]["env"] = ENV + ["NVIDIA_VISIBLE_DEVICES=1", *_evil_env(canary, c.rootfs)]
+        plant(c.rootfs, canary)
+        c.config["process"]["env"] = ENV + ["NVIDIA_VISIBLE_DEVICES=1", *evil_env(canary, c.rootfs)]
         r = c.run()
     assert "GPU 0: NVIDIA" in r.stdout, r.stdout + r.stderr
     assert server.statuses() == [0]
-    # what the worker ran with: PATH and the two config entries, nothing else
-    assert "env=[NVHOOK_CONFIG PATH XDG_CONFIG_HOME]" in server.log(), server.log()
+    # what the worker ran with: PATH, nothing else (neither the container's env nor the hook's)
+    assert "env=[PATH]" in server.log(), server.log()
     assert not out.exists(), out.read_text()
     # nor did anything reach the server's own environment
     environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes()

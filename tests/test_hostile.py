@@ -35,7 +35,7 @@ def _apply(rootfs, edits):
     except NvhookError as e:
         err = str(e)
     mnts = new_mounts(before, mountinfo())
-    return err, [m["mp"] for m in mnts]
+    return err, [m.mountpoint for m in mnts]
 
 
 def _canary(top: Path) -> Path:
@@ -245,7 +245,7 @@ def test_host_source_dir_swapped_for_symlink(fresh_sim_host, rootfs, tmp_path, s
         return err, new_mounts(pre, mountinfo())
 
     err, mnts = in_ns(go)
-    assert [m for m in mnts if m["root"].startswith(str(canary))] == []
+    assert [m for m in mnts if m.root.startswith(str(canary))] == []
     assert err is not None and "a component is a symlink" in err, err
     assert mnts == []
     assert snapshot(canary) == before

@@ -12,8 +12,7 @@ import pytest
 
 from libinject.discover import ldcache
 from libinject.errors import NvhookError
-
-SRC = "int nvhook_test_fn(void) { return 42; }\n"
+from support.simhost import compile_lib
 
 # name -> (dir inside the root, soname, -m32?)
 LAYOUTS = {
@@ -33,15 +32,7 @@ LAYOUTS = {
 
 
 def _lib(root: Path, d: str, soname: str, m32: bool, version: str = "550.163.01") -> Path:
-    out = root / d / (soname.split(".so")[0] + ".so." + version)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    src = root.parent / "f.c"
-    src.write_text(SRC)
-    cmd = ["gcc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{soname}", "-o", str(out), str(src)]
-    if m32:
-        cmd.insert(1, "-m32")
-    subprocess.run(cmd, check=True)
-    return out
+    return compile_lib(root / d / (soname.split(".so")[0] + ".so." + version), soname, m32)
 
 
 def _build(tmp: Path, layout: str, fmt: str) -> Path:
@@ -51,14 +42,14 @@ def _build(tmp: Path, layout: str, fmt: str) -> Path:
     dirs = sorted({d for d, _, _ in LAYOUTS[layout] if "glibc-hwcaps" not in d})
     (root / "etc").mkdir(parents=True, exist_ok=True)
     (root / "etc/ld.so.conf").write_text("".join(f"/{d}\n" for d in dirs))
-    subprocess.run(["ldconfig", "-r", str(root), "-c", fmt], check=True, capture_output=True)
+    subprocess.run(["ldconfig", "-r", str(root), "-c", fmt], check=True, capture_output=True, timeout=60)
     return root
 
 
 def _ldconfig_p(root: Path) -> set[tuple[str, str, str]]:
     """(name, arch, path) as `ldconfig -p` prints them."""
     p = subprocess.run(["ldconfig", "-r", str(root), "-p", "-C", "/etc/ld.so.cache"],
-                       check=True, capture_output=True, text=True).stdout
+                       check=True, capture_output=True, text=True, timeout=60).stdout
     out = set()
     for m in re.finditer(r"^\s+(\S+) \(([^)]*)\) => (\S+)$", p, re.M):
         flags = m[2]
@@ -136,26 +127,73 @@ def test_big_endian_cache():
     assert (e.name, e.path, e.arch) == ("libcuda.so.1", "/usr/lib64/libcuda.so.1", "aarch64")
 
 
+def _cstr_at(data: bytes, off: int) -> str:
+    return os.fsdecode(data[off:data.index(b"\0", off)])
+
+
+def _assert_read_from(data: bytes, entries: list) -> None:
+    """entries are what data's records say, decoded by the layout in dl-cache.h (the
+    module docstring): the block parse() reads (new, or old when there is no new one),
+    as many entries as its header counts, each one's flags and hwcap from its record and
+    its name and path the NUL-terminated strings its offsets point at."""
+    assert all(type(e) is ldcache.Entry for e in entries)
+    new_at = 0 if data.startswith(ldcache.MAGIC_NEW) else None
+    if new_at is None:
+        assert data.startswith(ldcache.MAGIC_OLD)
+        (nold,) = struct.unpack_from("<I", data, 12)
+        strings = 16 + 12 * nold
+        aligned = (strings + 7) & ~7
+        if data[aligned:aligned + len(ldcache.MAGIC_NEW)] == ldcache.MAGIC_NEW:
+            new_at = aligned
+    if new_at is None:
+        assert len(entries) == nold
+        for i, e in enumerate(entries):
+            flags, key, value = struct.unpack_from("<iII", data, 16 + 12 * i)
+            assert (e.name, e.path, e.flags, e.hwcap) == (
+                _cstr_at(data, strings + key), _cstr_at(data, strings + value), flags, 0)
+        return
+    order = ">" if data[new_at + 28] == 3 else "<"
+    (nlibs,) = struct.unpack_from(order + "I", data, new_at + 20)
+    assert len(entries) == nlibs
+    for i, e in enumerate(entries):
+        flags, key, value, _osv, hwcap = struct.unpack_from(order + "iIIIQ", data, new_at + 48 + 24 * i)
+        assert (e.name, e.path, e.flags, e.hwcap) == (
+            _cstr_at(data, new_at + key), _cstr_at(data, new_at + value), flags, hwcap)
+
+
+def _parse_or_error(data: bytes, what: str) -> list | None:
+    """parse(data): its entries, or None after a clean error (NvhookError, one line
+    naming the file); any other exception fails the test."""
+    try:
+        entries = ldcache.parse(data)
+    except NvhookError as e:
+        msg = str(e)
+        assert msg.startswith("ld.so.cache: ") and "\n" not in msg, (what, msg)
+        return None
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"{what}: {type(e).__name__} instead of NvhookError: {e}")
+    _assert_read_from(data, entries)
+    return entries
+
+
 @pytest.mark.parametrize("fmt", ["new", "old", "compat"])
 def test_truncated_and_corrupt_files_give_errors(tmp_path, fmt):
     root = _build(tmp_path, "debian", fmt)
     data = (root / "etc/ld.so.cache").read_bytes()
+    whole = _parse_or_error(data, "the whole file")
+    assert whole and all(e.name and e.path.startswith("/") for e in whole)
     for n in range(len(data)):
-        try:
-            entries = ldcache.parse(data[:n])
-        except NvhookError:
-            continue
-        # a prefix that still parses must give entries that really are in the file
-        assert all(e.name and e.path.startswith("/") for e in entries)
+        entries = _parse_or_error(data[:n], f"its first {n} bytes")
+        # a prefix that still parses gives entries that really are in the file
+        assert entries is None or all(e.name and e.path.startswith("/") for e in entries)
     rnd = random.Random(1234)
-    for _ in range(2000):
+    parsed = 0
+    for i in range(2000):
         bad = bytearray(data)
         for _ in range(rnd.randint(1, 8)):
             bad[rnd.randrange(len(bad))] = rnd.randrange(256)
-        try:
-            ldcache.parse(bytes(bad))
-        except NvhookError:
-            pass
+        parsed += _parse_or_error(bytes(bad), f"corruption #{i}") is not None
+    assert 0 < parsed < 2000        # both outcomes were exercised
 
 
 @pytest.mark.parametrize("data", [b"", b"glibc-ld.so.cache1.1", b"ld.so-1.7.0", b"\x7fELF" + bytes(60),
@@ -179,9 +217,9 @@ def test_read_elf_soname_and_class(tmp_path):
     assert ldcache.read_elf(str(lib32)) == ("libnvidia-ml.so.1", 0x0003)
     (root / "notelf.so.1").write_bytes(b"hello" * 20)
     assert ldcache.read_elf(str(root / "notelf.so.1")) is None
-    # truncated ELF: no crash
+    # truncated ELF: still an ELF (its header says x86-64), but no SONAME to be read
     (root / "trunc.so.1").write_bytes(lib64.read_bytes()[:200])
-    assert ldcache.read_elf(str(root / "trunc.so.1")) in (None, (None, 0x0303))
+    assert ldcache.read_elf(str(root / "trunc.so.1")) == (None, 0x0303)
 
 
 def test_search_finds_sonames_without_a_cache(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from pathlib import Path
 
 import pytest
 from jsonschema import Draft4Validator

@@ -114,8 +114,8 @@ def test_bind_mount_read_only_really(rootfs, tmp_path, no_leaked_mounts):
     mnts, wrote, content, left, after, exists = in_ns(_bind_ro, rootfs, src)
     assert len(mnts) == 1
     m = mnts[0]
-    assert m["mp"] == f"{rootfs}{LIBDIR}/libx.so.1"
-    assert {"ro", "nosuid", "nodev"} <= m["opts"]
+    assert m.mountpoint == f"{rootfs}{LIBDIR}/libx.so.1"
+    assert {"ro", "nosuid", "nodev"} <= m.options
     assert wrote == errno.EROFS
     assert content == "payload"
     assert src.read_text() == "payload"
@@ -191,8 +191,8 @@ def _tmpfs(rootfs):
 
 def test_tmpfs_filled_then_read_only(rootfs, no_leaked_mounts):
     m, names, params, mode, wr = in_ns(_tmpfs, rootfs)
-    assert len(m) == 1 and m[0]["fstype"] == "tmpfs"
-    assert {"ro", "nosuid", "nodev", "noexec"} <= m[0]["opts"]
+    assert len(m) == 1 and m[0].fstype == "tmpfs"
+    assert {"ro", "nosuid", "nodev", "noexec"} <= m[0].options
     assert names == ["gpus", "params"]
     assert params == "ModifyDeviceFiles: 0\n" and mode == "0o444"
     assert wr == errno.EROFS
@@ -481,7 +481,7 @@ def _sandbox_seen_from_outside(rootfs, marker):
                     if marker.encode() not in open(f"/proc/{p}/cmdline", "rb").read():
                         continue
                     seen["ns"] = {n: os.readlink(f"/proc/{p}/ns/{n}") for n in ("pid", "net", "ipc", "mnt")}
-                    seen["mountinfo"] = open(f"/proc/{p}/mountinfo").read()
+                    seen["mounts"] = mountinfo(p)
                     seen["status"] = open(f"/proc/{p}/status").read()
                 except OSError:
                     continue
@@ -506,9 +506,9 @@ def test_sandbox_own_namespaces_nodev_nosuid(rootfs):
         assert seen["ns"][n] != mine[n], n
     nspid = [ln for ln in seen["status"].splitlines() if ln.startswith("NSpid:")][0].split()
     assert nspid[-1] == "1"                      # pid 1 of its own pid namespace
-    for line in seen["mountinfo"].splitlines():
-        opts = set(line.split()[5].split(","))
-        assert {"nodev", "nosuid"} <= opts, line
+    assert seen["mounts"]
+    for m in seen["mounts"]:
+        assert {"nodev", "nosuid"} <= m.options, m
     # and this process's children are in our pid namespace again
     assert subprocess.run(["true"]).returncode == 0
 

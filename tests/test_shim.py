@@ -11,51 +11,9 @@ from pathlib import Path
 import pytest
 
 import support.runc as R
-from conftest import NVHOOK, REPO, run
-
-SHIM = str(REPO / ".venv/bin/nvhook-runtime")
-ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# What a container sees of the driver: device nodes, driver files (size + checksum),
-# symlinks, /proc/driver/nvidia, the ld cache, and nvidia-smi's view.
-SNAPSHOT = r'''
-cd /
-for f in $( (find /dev -maxdepth 2 -name 'nvidia*'; find /usr/lib/x86_64-linux-gnu /usr/lib/i386-linux-gnu /usr/bin /lib/firmware /proc/driver/nvidia /tmp/nvidia-mps /usr/lib64 -maxdepth 7; find /run -maxdepth 2 -name 'nvidia*') 2>/dev/null | sort -u); do
-  if [ -L "$f" ]; then echo "L $f -> $(readlink "$f")"
-  elif [ -c "$f" ]; then echo "C $f $(stat -c '%t:%T' "$f")"
-  elif [ -d "$f" ]; then echo "D $f"
-  elif [ -S "$f" ]; then echo "S $f"
-  elif [ -f "$f" ]; then echo "F $f $(stat -c %s "$f") $(md5sum < "$f" | cut -c1-12)"
-  fi
-done
-echo "LDCACHE $(md5sum < /etc/ld.so.cache | cut -c1-32)"
-for p in /etc/ld.so.conf.d/*; do echo "LDCONF $(cat "$p" | tr '\n' ' ')"; done
-nvidia-smi -L
-'''
-
-
-def snapshot_lines(out: str) -> list[str]:
-    return [ln for ln in out.splitlines() if ln.strip()]
-
-
-def write_config(path: Path, *, root: Path, mode: str, spec_dirs=(), csv_dir: str = "",
-                 extra: str = "") -> Path:
-    dirs = ", ".join(json.dumps(str(d)) for d in spec_dirs)
-    text = f'''
-[nvidia-container-cli]
-root = "{root}"
-[nvidia-container-runtime]
-mode = "{mode}"
-runtimes = ["runc"]
-[nvidia-container-runtime.modes.cdi]
-spec-dirs = [{dirs}]
-[nvidia-container-runtime.modes.csv]
-mount-spec-path = "{csv_dir or path.parent / 'csv'}"
-[nvhook]
-snapshot = false
-{extra}'''
-    path.write_text(text)
-    return path
+from conftest import NVHOOK, run
+from support.driverview import SNAPSHOT, snapshot_lines
+from support.shimenv import ENV_PATH, SHIM, gpu_env, prestart_hooks, write_config
 
 
 @pytest.fixture
@@ -81,26 +39,29 @@ def shim_env(monkeypatch, sim_host, tmp_path):
 OTHER = [("/dev/nvidia0", 195, 0)]
 
 
-def gpu_env(devices: str, caps: str = "all") -> list[str]:
-    return [ENV_PATH, f"NVIDIA_VISIBLE_DEVICES={devices}", f"NVIDIA_DRIVER_CAPABILITIES={caps}"]
-
-
 def probe(c: R.RuncContainer, minors=range(8)) -> dict[int, str]:
     return {m: c.open_result(f"/dev/nvidia{m}") for m in minors}
 
 
-def hook_container(tmp_path: Path, host: Path, devices: str, monkeypatch) -> tuple[list[str], dict]:
-    """The reference: plain runc + our prestart hook (`nvhook prestart`)."""
-    cfg = write_config(tmp_path / "hook-config.toml", root=host, mode="legacy")
+def reference_then_shim(shim_env, tmp_path: Path, monkeypatch, mode: str,
+                        **kw) -> tuple[list[str], dict]:
+    """The reference, GPU 1 by plain runc + our prestart hook (`nvhook prestart`): what
+    its container sees (SNAPSHOT) and its open() verdicts. Then RuncContainer's runc
+    commands go through the shim again, configured for `mode` (kw: configure()'s)."""
+    host, _specs, configure = shim_env
+    workdir = tmp_path / "ref"
+    workdir.mkdir()
+    cfg = write_config(workdir / "hook-config.toml", root=host, mode="legacy")
     monkeypatch.setattr(R, "RUNC", R.shutil.which("runc") or "/usr/sbin/runc")
-    hooks = {"prestart": [{"path": NVHOOK, "args": ["nvhook", "prestart"],
-                           "env": [ENV_PATH, f"NVHOOK_CONFIG={cfg}"]}]}
-    with R.RuncContainer(tmp_path, env=gpu_env(devices), hooks=hooks, devices=OTHER) as c:
+    with R.RuncContainer(workdir, env=gpu_env("1"), hooks=prestart_hooks(cfg), devices=OTHER) as c:
         c.create()
         c.start()
         snap = c.exec("sh", "-c", SNAPSHOT)
         assert snap.returncode == 0, snap.stderr
-        return snapshot_lines(snap.stdout), probe(c)
+        ref = snapshot_lines(snap.stdout), probe(c)
+    monkeypatch.setattr(R, "RUNC", SHIM)
+    configure(mode, **kw)
+    return ref
 
 
 def test_non_create_commands_pass_through(tmp_path, monkeypatch, sim_host):
@@ -126,11 +87,7 @@ def test_non_create_commands_pass_through(tmp_path, monkeypatch, sim_host):
 
 
 def test_cdi_mode_matches_the_hook(shim_env, tmp_path, monkeypatch):
-    host, specs, configure = shim_env
-    (tmp_path / "ref").mkdir()
-    ref_snap, ref_probe = hook_container(tmp_path / "ref", host, "1", monkeypatch)
-    monkeypatch.setattr(R, "RUNC", SHIM)
-    configure("cdi")
+    ref_snap, ref_probe = reference_then_shim(shim_env, tmp_path, monkeypatch, "cdi")
     with R.RuncContainer(tmp_path, env=gpu_env("1"), devices=OTHER) as c:
         c.create()
         c.start()
@@ -164,19 +121,15 @@ def test_cdi_mode_annotations_and_errors(shim_env, tmp_path):
         assert r.returncode == 1
         assert r.stderr.strip() == "nvhook: unresolvable CDI devices nvidia.com/gpu=42"
         assert (c.bundle / "config.json").read_bytes() == before
-        assert [p.name for p in c.bundle.iterdir()] == ["config.json"] or \
-            sorted(p.name for p in c.bundle.iterdir()) == ["config.json", "rootfs"]
+        # nothing added to the bundle (the container's rootfs was built in it)
+        assert sorted(p.name for p in c.bundle.iterdir()) == ["config.json", "rootfs"]
         entry = json.loads(log.read_text().splitlines()[-1])
         assert entry["level"] == "error" and "nvidia.com/gpu=42" in entry["msg"]
         assert run([R.shutil.which("runc"), "--root", str(c.state_root), "state", c.id]).returncode != 0
 
 
 def test_legacy_mode_matches_the_hook(shim_env, tmp_path, monkeypatch):
-    host, specs, configure = shim_env
-    (tmp_path / "ref").mkdir()
-    ref_snap, ref_probe = hook_container(tmp_path / "ref", host, "1", monkeypatch)
-    monkeypatch.setattr(R, "RUNC", SHIM)
-    configure("legacy")
+    ref_snap, ref_probe = reference_then_shim(shim_env, tmp_path, monkeypatch, "legacy")
     log = tmp_path / "runc.log"
     with R.RuncContainer(tmp_path, env=gpu_env("1"), devices=OTHER) as c:
         c.write_config()
@@ -210,7 +163,7 @@ def test_legacy_hook_added_once_and_auto_mode(monkeypatch):
     assert shim.resolve_mode("auto", ["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-x"]) == "cdi"
     assert shim.resolve_mode("auto", ["nvidia.com/gpu=0", "1"]) == "legacy"
     assert shim.resolve_mode("auto", []) == "legacy"
-    assert shim.requested_devices({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}, cfg) == ([], "env")
+    assert shim.requested_devices({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}, cfg) == ([], "none")
     a = shim.parse_args(["--root", "/r", "--log=/l", "--log-format", "json", "--debug", "create",
                          "-b", "/bun", "--pid-file", "/p", "cid"])
     assert (a.command, a.bundle, a.log, a.log_format, a.debug, a.container_id) == (
@@ -220,11 +173,9 @@ def test_legacy_hook_added_once_and_auto_mode(monkeypatch):
 
 
 def test_csv_mode(shim_env, tmp_path, monkeypatch):
-    host, specs, configure = shim_env
-    (tmp_path / "ref").mkdir()
-    ref_snap, ref_probe = hook_container(tmp_path / "ref", host, "1", monkeypatch)
-    monkeypatch.setattr(R, "RUNC", SHIM)
+    host = shim_env[0]
     csv = tmp_path / "csv"
+    ref_snap, ref_probe = reference_then_shim(shim_env, tmp_path, monkeypatch, "csv", csv_dir=str(csv))
     csv.mkdir()
     from libinject.discover.driver import discover
 
@@ -236,7 +187,6 @@ def test_csv_mode(shim_env, tmp_path, monkeypatch):
         "dev, /dev/nvidiactl\ndev, /dev/nvidia1\n"
         f"lib, {rel}\nsym, {os.path.dirname(rel)}/libnvidia-ml.so.1\n"
         "lib, /usr/bin/nvidia-smi\nlib, /usr/lib/not-on-this-board.so\n")
-    configure("csv", csv_dir=str(csv))
     with R.RuncContainer(tmp_path, env=gpu_env("1"), devices=OTHER) as c:
         c.create()
         c.start()

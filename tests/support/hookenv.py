@@ -1,8 +1,9 @@
 """Helpers for the hook's tests: the compiled front, a hook config pointing at a simulated
-host, and crun / podman / containerd runners (runc: tests/support/runc.py).
+host, a GPU container under runc with the front as its hook and what it should see, and
+crun / containerd runners (runc: tests/support/runc.py; podman: tests/support/podman.py).
 
-Nothing here touches the host's /etc: the hook gets its config.toml by --config, podman
-and containerd get private config/state dirs, crun runs in a private mount namespace.
+Nothing here touches the host's /etc: the hook gets its config.toml by --config,
+containerd gets private config/state dirs, crun runs in a private mount namespace.
 """
 from __future__ import annotations
 
@@ -15,19 +16,23 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from libinject.linux import mountinfo
+
 REPO = Path(__file__).resolve().parents[2]
 PY = REPO / ".venv/bin/python"
 FRONT = REPO / ".venv/bin/nvhook-hook"
 FRONT_SRC = REPO / "csrc/hookfront.c"
 CRUN = shutil.which("crun") or "/usr/bin/crun"
-PODMAN = shutil.which("podman") or "/usr/bin/podman"
 CTR = shutil.which("ctr") or "/usr/bin/ctr"
 CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
 
 
 def ensure_front() -> str:
     """The front as `make venv` builds it (same defines as the Makefile rule); rebuilt
-    here when missing or older than its source."""
+    here when missing or older than its source. NVHOOK_TEST_FRONT names another front
+    (e.g. one built from an older tree, to show a test fails there)."""
+    if os.environ.get("NVHOOK_TEST_FRONT"):
+        return os.environ["NVHOOK_TEST_FRONT"]
     if not FRONT.exists() or FRONT.stat().st_mtime < FRONT_SRC.stat().st_mtime:
         import sysconfig
 
@@ -35,9 +40,10 @@ def ensure_front() -> str:
         defines = [f'-DNVHOOK_PYTHON="{PY}"', f'-DNVHOOK_PYPATH="{pypath}"']
         tmp = FRONT.with_name(f".nvhook-hook.{os.getpid()}")
         r = subprocess.run(["cc", "-O2", "-static", *defines, "-o", str(tmp), str(FRONT_SRC)],
-                           capture_output=True)
+                           capture_output=True, timeout=120)
         if r.returncode != 0:
-            subprocess.run(["cc", "-O2", *defines, "-o", str(tmp), str(FRONT_SRC)], check=True)
+            subprocess.run(["cc", "-O2", *defines, "-o", str(tmp), str(FRONT_SRC)], check=True,
+                           timeout=120)
         os.replace(tmp, FRONT)
     return str(FRONT)
 
@@ -47,7 +53,7 @@ def gpu_uuids(host: Path) -> list[str]:
     import re
 
     out = subprocess.run(["chroot", str(host), "/usr/bin/nvidia-smi", "-L"], capture_output=True,
-                         text=True, check=True).stdout
+                         text=True, check=True, timeout=60).stdout
     return re.findall(r"UUID: (GPU-[0-9a-f-]+)", out)
 
 
@@ -62,15 +68,47 @@ def write_config(path: Path, host: Path, *, log: Path | None = None, extra: str 
 
 
 def hook_entry(config: Path | str, stage: str = "prestart", env: Sequence[str] = (),
-               path: str | None = None) -> dict[str, Any]:
-    """A hook entry for the front. It never uses a hook service unless env names one: a
-    service at the default socket on the test machine must not answer for these tests."""
-    env = list(env)
-    if not any(e.startswith("NVHOOK_SOCKET=") for e in env):
-        env.append("NVHOOK_SOCKET=none")
+               path: str | None = None, socket: str = "none") -> dict[str, Any]:
+    """A hook entry for the front. It never uses a hook service unless `socket` names one:
+    a service at the default socket on the test machine must not answer for these tests."""
     return {"path": path or ensure_front(),
-            "args": ["nvhook-hook", "--config", str(config), stage],
-            "env": env, "timeout": 60}
+            "args": ["nvhook-hook", "--config", str(config), "--socket", socket, stage],
+            "env": list(env), "timeout": 60}
+
+
+# -- a GPU container under runc, and what it should see ----------------------------------
+
+ENV = ["PATH=/usr/bin:/bin"]
+# nvidia-smi's view, then open() of a GPU node the cgroup denies (nvidia0) and of one it
+# allows (nvidia1; ENXIO: no driver behind major 195 on a simulated host)
+PROBE = ("nvidia-smi -L; for d in /dev/nvidia0 /dev/nvidia1; do "
+         "dd if=$d of=/dev/null bs=1 count=0 2>&1 | grep -o \"can't open.*\" || echo \"$d: OK\"; done")
+
+
+def gpu_container(workdir: Path, config: Path, env: Sequence[str], script: str, mode: str = "v1",
+                  stage: str = "prestart", hook_env: Sequence[str] = (), socket: str = "none"):
+    """A RuncContainer running `sh -c script` with ENV + env, /dev/nvidia0 made but not
+    allowed by its cgroup, and the front as its `stage` hook (hook_env: the hook
+    entry's env; socket: the hook service it tries)."""
+    from support.runc import RuncContainer
+
+    return RuncContainer(workdir, mode=mode, args=["sh", "-c", script], env=ENV + list(env),
+                         devices=[("/dev/nvidia0", 195, 0)],
+                         hooks={stage: [hook_entry(config, stage, env=hook_env, socket=socket)]})
+
+
+def assert_only_gpu1(out: str, uuids: list[str]) -> None:
+    """PROBE's output in a container given GPU 1 (of uuids) and nothing else."""
+    import re
+
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [uuids[1]], out
+    assert "can't open '/dev/nvidia0': Operation not permitted" in out, out
+    assert "can't open '/dev/nvidia1': No such device or address" in out, out
+
+
+def mounts_naming(text: str, pid: int | str = "self") -> list[mountinfo.Mount]:
+    """The mounts process `pid` sees whose mount point, root or source contains `text`."""
+    return [m for m in mountinfo.read(pid) if text in m.mountpoint or text in m.root or text in m.source]
 
 
 # -- crun -------------------------------------------------------------------------------
@@ -88,72 +126,7 @@ def crun_run(bundle: Path, cid: str, state_root: Path, timeout: float = 60) -> s
         subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
                         f'umount /sys/fs/cgroup/unified 2>/dev/null; '
                         f'{CRUN} --root "{state_root}" delete -f "{cid}"'],
-                       capture_output=True, stdin=subprocess.DEVNULL)
-
-
-# -- podman -----------------------------------------------------------------------------
-
-class Podman:
-    """podman with its own config, storage and runtime dirs under `state` (RUNTIMES.md)."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        for d in ("networks", "tmp", "root", "runroot", "xdg"):
-            (state / d).mkdir(parents=True, exist_ok=True)
-        (state / "containers.conf").write_text(f"""\
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
-netns = "none"
-[network]
-network_config_dir = "{state}/networks"
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-events_logfile_path = "{state}/events.log"
-tmp_dir = "{state}/tmp"
-static_dir = "{state}/root/libpod"
-volume_path = "{state}/root/volumes"
-""")
-        (state / "storage.conf").write_text(f"""\
-[storage]
-driver = "vfs"
-graphroot = "{state}/root"
-runroot = "{state}/runroot"
-""")
-        (state / "registries.conf").write_text("")
-        os.chmod(state / "xdg", 0o700)
-
-    def env(self) -> dict[str, str]:
-        return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME": str(self.state),
-                "CONTAINERS_CONF": str(self.state / "containers.conf"),
-                "CONTAINERS_STORAGE_CONF": str(self.state / "storage.conf"),
-                "CONTAINERS_REGISTRIES_CONF": str(self.state / "registries.conf"),
-                "XDG_RUNTIME_DIR": str(self.state / "xdg")}
-
-    def run(self, hooks_dir: Path, rootfs: Path, cmd: Sequence[str], *, env: Sequence[str] = (),
-            annotations: dict[str, str] | None = None, devices: Sequence[str] = (),
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        argv = [PODMAN, "--hooks-dir", str(hooks_dir), "run", "--rm", "--pull=never"]
-        for e in env:
-            argv += ["--env", e]
-        for k, v in (annotations or {}).items():
-            argv += ["--annotation", f"{k}={v}"]
-        for d in devices:
-            argv += ["--device", d]
-        argv += ["--rootfs", f"{rootfs}:O", *cmd]
-        return subprocess.run(argv, env=self.env(), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-
-    def cleanup(self) -> None:
-        subprocess.run([PODMAN, "rm", "-af"], env=self.env(), capture_output=True)
-        subprocess.run([PODMAN, "system", "reset", "-f"], env=self.env(), capture_output=True)
-        # vfs/overlay leftovers may be mounted under the state dir
-        with open("/proc/self/mountinfo") as f:
-            points = [l.split()[4] for l in f if l.split()[4].startswith(str(self.state))]
-        for p in sorted(points, reverse=True):
-            subprocess.run(["umount", "-l", p], capture_output=True)
+                       capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
 
 
 # -- containerd -------------------------------------------------------------------------
@@ -182,17 +155,18 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         self.proc = subprocess.Popen([CONTAINERD, "--config", str(state / "config.toml")],
                                      stdout=open(state / "containerd.log", "wb"),
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while time.time() < deadline:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
             if self.sock.exists() and subprocess.run(
-                    [CTR, "--address", str(self.sock), "version"], capture_output=True).returncode == 0:
+                    [CTR, "--address", str(self.sock), "version"], capture_output=True,
+                    timeout=10).returncode == 0:
                 return
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
         log = (state / "containerd.log").read_text(errors="replace")
         self.stop()
-        raise RuntimeError(f"containerd did not start: {log[-2000:]}")
+        raise RuntimeError(f"containerd did not start within 30 s: {log[-2000:]}")
 
     def run(self, spec: dict[str, Any], cid: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         path = self.state / f"{cid}.json"
@@ -209,8 +183,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
-        with open("/proc/self/mountinfo") as f:
-            points = [l.split()[4] for l in f if l.split()[4].startswith(str(self.state))]
-        for p in sorted(points, reverse=True):
-            subprocess.run(["umount", "-l", p], capture_output=True)
+                self.proc.wait(30)
+        from support.applyenv import umount_under
+
+        umount_under(self.state)

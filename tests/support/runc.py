@@ -44,6 +44,7 @@ import ctypes
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
+NS_HELPER_TIMEOUT = 30      # s for the v2 namespace helper to mount cgroup2 and say so
 _ids = itertools.count()
 
 # busybox error texts -> errno names, for open_result()
@@ -128,7 +130,7 @@ class RuncContainer:
             from libinject.sim.rootfs import build_rootfs
             build_rootfs(self.rootfs, lib_layout=lib_layout)
         subprocess.run([RUNC, "spec", "--bundle", str(self.bundle)], check=True,
-                       capture_output=True)
+                       capture_output=True, timeout=60)
         cfg = json.loads((self.bundle / "config.json").read_text())
         cfg["root"] = {"path": str(self.rootfs), "readonly": readonly_root}
         proc = cfg["process"]
@@ -158,14 +160,16 @@ class RuncContainer:
              "mount -t cgroup2 none /sys/fs/cgroup && echo ready && exec sleep 100000"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent)
-        assert self._ns_proc.stdout is not None
-        line = self._ns_proc.stdout.readline()
+        assert self._ns_proc.stdout is not None and self._ns_proc.stderr is not None
+        ready, _, _ = select.select([self._ns_proc.stdout], [], [], NS_HELPER_TIMEOUT)
+        line = self._ns_proc.stdout.readline() if ready else b""
         if line.strip() != b"ready":
-            err = self._ns_proc.stderr.read() if self._ns_proc.stderr else b""
             self._ns_proc.kill()
-            self._ns_proc.wait()
+            self._ns_proc.wait(30)
+            err = self._ns_proc.stderr.read()
             self._ns_proc = None
-            raise RuncError(f"cgroup2 namespace helper failed: {err.decode().strip()}")
+            why = err.decode().strip() if ready else f"no answer within {NS_HELPER_TIMEOUT} s"
+            raise RuncError(f"cgroup2 namespace helper failed: {why}")
         self.ns_pid = self._ns_proc.pid
 
     def host_cmd(self, argv: Sequence[str]) -> list[str]:
@@ -211,7 +215,8 @@ class RuncContainer:
 
     def start(self, wait: float = 5.0) -> None:
         """`runc start`, then wait (up to `wait` s) until the process has exec'd its args:
-        runc start returns before that, and /proc/PID would still show `runc init`."""
+        runc start returns before that, and /proc/PID would still show `runc init`.
+        Raises RuncError if it has not by then."""
         self.runc("start", self.id)
         want = b"".join(a.encode() + b"\0" for a in self.config["process"]["args"])
         deadline = time.monotonic() + wait
@@ -223,6 +228,8 @@ class RuncContainer:
             except (FileNotFoundError, ProcessLookupError):
                 return   # exited already (a short-lived process)
             time.sleep(0.002)
+        raise RuncError(f"container {self.id}: process {self.pid} did not exec "
+                        f"{self.config['process']['args']} within {wait} s of runc start")
 
     def run(self, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess[str]:
         """`runc run` in the foreground (set args to something that exits): returns the
@@ -280,7 +287,7 @@ class RuncContainer:
                 self._created = False
         if self._ns_proc is not None:
             self._ns_proc.kill()
-            self._ns_proc.wait()
+            self._ns_proc.wait(30)
             for f in (self._ns_proc.stdout, self._ns_proc.stderr):
                 if f:
                     f.close()
