@@ -31,7 +31,7 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
     from libinject.plan.planner import plan
 
     say = log or (lambda msg: None)
-    driver = options.discover(discover_fn)
+    driver = options.discover(discover_fn, log=say)
     say(f"driver {driver.info.driver_version} (cuda {driver.info.cuda_version}) under {driver.root}: "
         f"{len(driver.info.gpus)} GPUs, libraries from {driver.library_source}")
     lib_dir, lib32_dir = container_lib_dirs(rootfs)

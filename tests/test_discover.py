@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,25 +16,9 @@ from libinject.plan import select as S
 from libinject.discover.driver import discover
 from libinject.errors import NvhookError
 from libinject.sim.profile import list_profiles
+from support.simhost import compile_lib, ldconfig, profile_of
 
 PROFILES = list_profiles()
-
-
-def profile_of(root: Path) -> dict:
-    return json.loads((root / "etc/nvhook-sim/profile.json").read_text())
-
-
-def compile_lib(path: Path, soname: str, m32: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    src = path.parent / ".extra.c"
-    src.write_text("int extra_fn(void) { return 1; }\n")
-    subprocess.run(["gcc", *(["-m32"] if m32 else []), "-shared", "-fPIC", "-nostdlib",
-                    f"-Wl,-soname,{soname}", "-o", str(path), str(src)], check=True)
-    src.unlink()
-
-
-def ldconfig(root: Path) -> None:
-    subprocess.run(["ldconfig", "-r", str(root)], check=True, capture_output=True)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -183,8 +169,71 @@ def test_hung_nvml_is_killed_at_the_timeout(fresh_sim_host):
         discover(str(root), snapshot=False, nvml_timeout=1.0)
     assert time.monotonic() - t < 5
     # the child is gone (killed, reaped): no process of ours still has the library loaded
-    out = subprocess.run(["pgrep", "-f", f"{root}/usr/lib"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"{root}/usr/lib"], capture_output=True, text=True,
+                         timeout=30).stdout
     assert out.strip() == ""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for whoever inherited it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_nvml_child_dies_with_its_parent(fresh_sim_host):
+    """A hook killed while NVML hangs leaves no NVML child behind: the child gets
+    SIGKILL when its parent dies, also after it changed user (which clears the
+    parent-death signal)."""
+    root = fresh_sim_host("t4x1")
+    _knob(root, "delay_ms = 30000\n")
+    code = ("from libinject.discover.driver import discover; "
+            f"discover({str(root)!r}, snapshot=False, nvml_timeout=60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    kid = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:   # NVML loaded in the child: it now hangs in init
+            for pid in _children(parent.pid):
+                try:
+                    maps = Path(f"/proc/{pid}/maps").read_text()
+                except OSError:
+                    continue
+                if "libnvidia-ml" in maps:
+                    kid = pid
+            if kid:
+                break
+            time.sleep(0.02)
+        assert kid, "the NVML child never loaded the library"
+        assert Path(f"/proc/{kid}/status").read_text().count("\t65534\t") >= 1   # as nobody
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 3
+        while _alive(kid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(kid), "the NVML child outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+        if kid and _alive(kid):
+            try:
+                fd = os.pidfd_open(kid)
+            except OSError:
+                pass
+            else:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                os.close(fd)
 
 
 def test_missing_nvml(fresh_sim_host):
@@ -234,7 +283,8 @@ def test_nvml_child_drops_capabilities():
 
     code = ("import sys; sys.argv=['x', '/nonexistent']; from libinject.discover import nvml; "
             "nvml._drop_privileges(); print(open('/proc/self/status').read())")
-    out = subprocess.run([os.sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([os.sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
     status = dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
     for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[k], 16) == 0, k
@@ -249,7 +299,8 @@ def test_snapshot_reused_while_current(fresh_sim_host, tmp_path):
     sdir = tmp_path / "snaps"
     cold = discover(str(root), snapshot_dir=str(sdir))
     files = list(sdir.iterdir())
-    assert len(files) == 1 and files[0].stat().st_mode & 0o077 == 0
+    assert sorted(f.name.split("-")[0] for f in files) == ["driver", "snapshot.key"]
+    assert all(f.stat().st_mode & 0o077 == 0 for f in files)
     # NVML now fails: a warm call must not need it
     _knob(root, "error = UNKNOWN\n")
     assert discover(str(root), snapshot_dir=str(sdir)) == cold
@@ -304,20 +355,59 @@ def test_mig_layout_change_invalidates(fresh_sim_host, tmp_path):
     assert d2.info.gpus[0].mig_devices[0].name == "3g.41gb"
 
 
+def test_procfs_texts_invalidate(fresh_sim_host, tmp_path):
+    """params and registry are copied into every container's /proc/driver/nvidia: a
+    change to them is a change of discovery's answer."""
+    from libinject.discover import snapshot as snap
+    root = fresh_sim_host("t4x1")
+    sdir = str(tmp_path / "snaps")
+    proc = root / "proc/driver/nvidia"
+    discover(str(root), snapshot_dir=sdir)
+    args = _snap_args(root)
+    keys = [snap.fingerprint(*args, [])]
+    got = []
+    for name, old, new in (("params", "ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"),
+                           ("registry", 'Binary: ""', 'Binary: "x"')):
+        _edit(proc / name, old, new)
+        keys.append(snap.fingerprint(*args, []))
+        got.append((name, new, discover(str(root), snapshot_dir=sdir)))
+    assert len(set(keys)) == 3
+    for name, new, d in got:
+        assert new in d.procfs[name]
+    assert d.procfs == {"params": (proc / "params").read_text(), "version": (proc / "version").read_text(),
+                        "registry": (proc / "registry").read_text()}
+
+
+def test_whole_mig_table_is_fingerprinted(fresh_sim_host, tmp_path):
+    """The mig-minors table is ~100 KB (every possible GPU): a change at its end (GPU
+    minors up to 31 are legal) is a change too, and discovery reads all of it."""
+    from libinject.discover import snapshot as snap
+    root = fresh_sim_host("t4x1")
+    table = root / "proc/driver/nvidia-caps/mig-minors"
+    text = table.read_text()
+    assert len(text) > 1 << 16
+    k0 = snap.fingerprint(*_snap_args(root), [])
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    name, minor = last.split()
+    table.write_text(text.replace(last, f"{name} {int(minor) + 1}"))
+    assert snap.fingerprint(*_snap_args(root), []) != k0
+
+
 def test_untrusted_snapshot_ignored(fresh_sim_host, tmp_path):
+    from libinject.discover import snapshot as snap_mod
     root = fresh_sim_host("t4x1")
     sdir = tmp_path / "snaps"
     d0 = discover(str(root), snapshot_dir=str(sdir))
-    (snap,) = sdir.iterdir()
-    key, body = snap.read_text().split("\n", 1)
+    (snap,) = sdir.glob("driver-*")
+    key, mac, body = snap.read_text().split("\n", 2)
     doc = json.loads(body)
     doc["libraries"][0]["path"] = "/etc/shadow"
-    snap.write_text(key + "\n" + json.dumps(doc))
+    snap.write_bytes(snap_mod.seal(key, json.dumps(doc).encode(), snap_mod.read_key(str(sdir))))
     os.chmod(snap, 0o666)   # writable by anyone: must not be believed
     assert discover(str(root), snapshot_dir=str(sdir)) == d0
     assert os.stat(snap).st_mode & 0o077 == 0   # rewritten by us
     # a snapshot that is ours but damaged is ignored too
-    snap.write_text(key + "\n{broken")
+    snap.write_bytes(snap_mod.seal(key, b"{broken", snap_mod.read_key(str(sdir))))
     assert discover(str(root), snapshot_dir=str(sdir)) == d0
 
 
@@ -362,6 +452,47 @@ def test_mig_caps_selection(h100):
     assert S.mig_caps_gpus(None, "all", sel, "mig-config") == []
 
 
+class _NoIO:
+    """Stands in for the file system: every call is recorded and fails."""
+
+    def __init__(self, monkeypatch):
+        import builtins
+        import io
+
+        self.calls: list[str] = []
+        for mod, names in ((builtins, ("open",)), (io, ("open", "open_code")),
+                           (os, ("open", "stat", "lstat", "scandir", "listdir", "access",
+                                 "readlink"))):
+            for name in names:
+                monkeypatch.setattr(mod, name, self._refuse(f"{mod.__name__}.{name}"))
+
+    def _refuse(self, what):
+        def call(*a, **kw):
+            self.calls.append(f"{what}{a!r}")
+            raise PermissionError(13, f"no I/O in the planner: {what}")
+        return call
+
+
+@pytest.mark.parametrize("devices,extra", [
+    ("all", {}), ("0:0,2", {}), ("0", {"mig_config": "all", "mig_monitor": "all"})])
+def test_planner_does_no_io(sim_host, monkeypatch, devices, extra):
+    """plan() is a pure function of (Request, Driver): the masked procfs (params,
+    version, registry, gpus/<busid> dirs, MIG capability files) comes from discovery."""
+    from libinject.plan.planner import plan
+    from libinject.request.model import Request
+
+    driver = discover(str(sim_host("h100x8-mig")), snapshot=False)
+    req = Request(devices=devices, capabilities=frozenset({"utility", "compute"}), **extra)
+    want = plan(req, driver)          # once with the file system (imports, caches)
+    assert want.procfs.files and want.procfs.gpu_dirs
+    assert "ModifyDeviceFiles: 0" in want.procfs.files["params"]
+    with monkeypatch.context() as m:
+        guard = _NoIO(m)
+        got = plan(req, driver)
+    assert guard.calls == []
+    assert got == want
+
+
 def test_ipc_dirs_not_owned_by_root_are_refused(fresh_sim_host, tmp_path):
     """A /tmp/nvidia-mps made by an unprivileged user (or in a non-sticky world-writable
     dir) is not the driver's: it would be mounted read-write into every compute container."""
@@ -391,15 +522,18 @@ def test_snapshot_dir_swapped_after_check_not_followed(fresh_sim_host, tmp_path,
     root = fresh_sim_host("t4x1")
     sdir = tmp_path / "snaps"
     d0 = discover(str(root), snapshot_dir=str(sdir))
-    (good,) = sdir.iterdir()
+    (good,) = sdir.glob("driver-*")
     evil = tmp_path / "evil"
     evil.mkdir()
-    key, body = good.read_text().split("\n", 1)
+    key, mac, body = good.read_text().split("\n", 2)
     doc = json.loads(body)
     doc["info"]["driver_version"] = "666.6.6"
     forged = evil / good.name
-    forged.write_text(key + "\n" + json.dumps(doc))
-    os.chmod(forged, 0o600)
+    evil_key = os.urandom(snap.KEY_BYTES)    # their own key beside it, sealed with it
+    forged.write_bytes(snap.seal(key, json.dumps(doc).encode(), evil_key))
+    (evil / snap.KEY_NAME).write_bytes(evil_key)
+    for f in (forged, evil / snap.KEY_NAME):
+        os.chmod(f, 0o600)
     os.chown(evil, 65534, 65534)          # the directory is theirs; the file looks ours
     real = snap._trusted
     swapped = []
@@ -413,8 +547,10 @@ def test_snapshot_dir_swapped_after_check_not_followed(fresh_sim_host, tmp_path,
         return ok
     monkeypatch.setattr(snap, "_trusted", check_then_swap)
     got = snap.load(snap.path_for(str(sdir), *_snap_args(root)), key)
-    assert swapped
-    assert got is None or got.info.driver_version == d0.info.driver_version
+    assert swapped and os.path.islink(sdir)
+    # load() opened the directory before the check and read the file through that fd:
+    # the genuine snapshot, never the forged one (nor nothing)
+    assert got == d0
 
 
 def _snap_args(root):

@@ -41,8 +41,10 @@ def mk_gpu(i: int, mig: bool = False) -> Gpu:
 
 
 def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
-    """A Driver as discovery would return it for `root`, with the host files the plan
-    stage reads (procfs) really there."""
+    """A Driver as discovery would return it for `root`: its procfs files written there
+    and read back by discovery's procfs reader (the planner itself reads nothing)."""
+    from libinject.discover import procfs as host_procfs
+
     gpus = tuple(mk_gpu(i, mig) for i in range(ngpus))
     proc = root / "proc/driver/nvidia"
     (proc / "gpus").mkdir(parents=True)
@@ -61,6 +63,7 @@ def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
                else f"capabilities/mig/{k}")
         (proc / rel).parent.mkdir(parents=True, exist_ok=True)
         (proc / rel).write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\n")
+    host = host_procfs.read(str(proc), mig_minors)
     libs = []
     for arch, d in (("x86-64", LIB), ("i386", LIB32)):
         for stem, so, cap in LIBS:
@@ -88,6 +91,8 @@ def make_driver(root: Path, ngpus: int = 4, mig: bool = False) -> Driver:
         # the planner takes cap node majors from discovery: no host node needed
         cap_devices=tuple(dev(f"/dev/nvidia-caps/nvidia-cap{m}", CAPS_MAJOR, m) for m in sorted(mig_minors.values())),
         procfs_dir=str(proc),
+        procfs=host.files,
+        gpu_procfs={g.bus_id: host_procfs.gpu_entry(host.gpus, g.bus_id) for g in gpus},
     )
 
 
@@ -415,3 +420,53 @@ def test_container_lib_dirs_retries_racing_lookup(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "openat2", flaky)
     assert container_lib_dirs(str(deb)) == (LIB, LIB32)
     assert len(calls) == 3
+
+
+def test_procfs_comes_from_discovery(tmp_path):
+    """The masked procfs is made of what discovery read (Driver.procfs, .gpu_procfs):
+    the host's files gone or changed after discovery change nothing in the plan."""
+    import shutil
+    from dataclasses import replace
+
+    d = make_driver(tmp_path / "host", ngpus=2, mig=True)
+    want = plan(req(devices="all"), d)
+    assert want.procfs.files["version"] == d.procfs["version"]
+    assert {f"capabilities/gpu{g.minor}/mig/gi{m.gi}/ci{m.ci}/access"
+            for g in d.info.gpus for m in g.mig_devices} <= set(want.procfs.files)
+    shutil.rmtree(d.procfs_dir)
+    assert plan(req(devices="all"), d) == want
+    g = d.info.gpus[1]
+    with pytest.raises(NvhookError, match=f"^GPU 1 \\({g.bus_id}\\): {d.procfs_dir}/gpus/{g.procfs_name} not found$"):
+        plan(req(devices="1"), replace(d, gpu_procfs={}))
+    # a GPU dir in the 32-bit domain form is used by that name
+    e = plan(req(devices="1"), replace(d, gpu_procfs={g.bus_id: g.bus_id}))
+    assert e.procfs.gpu_dirs == ((f"{d.procfs_dir}/gpus/{g.bus_id}", g.bus_id),)
+    # no procfs dir on the host: an empty tmpfs, as before
+    e = plan(req(devices="all"), replace(d, procfs_dir=""))
+    assert e.procfs.files == {} and e.procfs.gpu_dirs == ()
+
+
+@pytest.mark.parametrize("kw", [dict(devices="all"), dict(devices="1:0"),
+                                dict(devices="0", mig_config="all", mig_monitor="all"),
+                                dict(devices="all", imex_channels="all", cuda_compat_mode="mount",
+                                     capabilities=frozenset({"all"}))])
+def test_planner_does_no_io(tmp_path, monkeypatch, kw):
+    import builtins
+    import io
+
+    d = make_driver(tmp_path / "host", ngpus=2, mig=True)
+    want = plan(req(**kw), d)       # imports done, caches warm
+    calls: list[str] = []
+
+    def refuse(what):
+        def call(*a, **k):
+            calls.append(f"{what}{a!r}")
+            raise PermissionError(13, f"no I/O in the planner: {what}")
+        return call
+    with monkeypatch.context() as m:
+        for mod, names in ((builtins, ("open",)), (io, ("open", "open_code")),
+                           (os, ("open", "stat", "lstat", "scandir", "listdir", "access", "readlink"))):
+            for name in names:
+                m.setattr(mod, name, refuse(f"{mod.__name__}.{name}"))
+        got = plan(req(**kw), d)
+    assert calls == [] and got == want

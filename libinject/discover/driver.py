@@ -8,6 +8,7 @@ files up, then writes a new snapshot. Heavy modules are imported only on the slo
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from libinject.constants import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
 from libinject.discover import snapshot as _snap
@@ -17,6 +18,9 @@ from libinject.discover.model import Driver
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"   # under the dev root
 MPS_PIPE_DIR = "/tmp/nvidia-mps"
+# Control device nodes under dev/, in order, with the capability that injects them.
+CONTROL_DEVICES = (("nvidiactl", ""), ("nvidia-uvm", "compute"), ("nvidia-uvm-tools", "compute"),
+                   ("nvidia-modeset", "display"))
 
 
 def _watch_dirs() -> list[str]:
@@ -47,13 +51,15 @@ def _join(root: str, path: str) -> str:
 
 def discover(root: str = "/", *, ldcache: str | None = None, dev_root: str | None = None,
              nvml_timeout: float = 10.0, user: tuple[int, int] | None = None,
-             snapshot: bool = True, snapshot_dir: str | None = None) -> Driver:
+             snapshot: bool = True, snapshot_dir: str | None = None,
+             log: Callable[[str], None] | None = None) -> Driver:
     """Discover the driver under `root`.
 
     ldcache: cache path inside the root (default /etc/ld.so.cache); given explicitly,
     it must parse. dev_root: where dev/ and proc/ are read (default: root).
     user: (uid, gid) NVML runs as; None = 65534:65534 (nobody), without capabilities.
-    snapshot: reuse/write a snapshot under snapshot_dir (default /run/nvhook/snapshots)."""
+    snapshot: reuse/write a snapshot under snapshot_dir (default /run/nvhook/snapshots).
+    log: gets a line when a snapshot is discarded as bad (it is then rebuilt)."""
     global _WATCH
     root = _check_root(root)
     dev_root = os.path.realpath(dev_root) if dev_root else root
@@ -65,8 +71,8 @@ def discover(root: str = "/", *, ldcache: str | None = None, dev_root: str | Non
     path = _snap.path_for(snapshot_dir or _snap.DEFAULT_DIR, root, dev_root, cache)
     # The fingerprint is taken before discovering: a change during discovery makes
     # the snapshot stale, never stale data current.
-    key = _snap.fingerprint(root, dev_root, cache, _WATCH)
-    driver = _snap.load(path, key)
+    key, host = _snap.probe(root, dev_root, cache, _WATCH)
+    driver = _snap.load(path, key, host, log)
     if driver is None:
         driver = _discover(root, dev_root, cache, ldcache is not None, nvml_timeout, user)
         _snap.save(path, key, driver)
@@ -140,20 +146,66 @@ def _numbered(dirpath: str, prefix: str, container_dir: str) -> list:
     return [n for _, n in sorted(found)]
 
 
-def read_mig_minors(path: str) -> dict[str, int]:
-    """proc/driver/nvidia-caps/mig-minors: "config 1", "gpu0/gi1/access 12" ... -> {name: minor}.
-    The one parser of that table (discovery, the CDI mask-procfs hook, tests); a missing
-    or unreadable file is an empty table, malformed lines are skipped."""
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """The whole mig-minors table: "config 1", "gpu0/gi1/access 12" ... -> {name: minor}
+    (the CDI mask-procfs hook, tests; discovery keeps a part: mig_minors_for);
+    malformed lines are skipped."""
     out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def read_mig_minors(path: str) -> dict[str, int]:
+    """proc/driver/nvidia-caps/mig-minors as a table; a missing or unreadable file is
+    an empty table."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit():
-                    out[parts[0]] = int(parts[1])
+            return parse_mig_minors(f.read())
     except OSError:
-        pass
-    return out
+        return {}
+
+
+_MIG_MEMO: tuple = ()           # (text, minors, table): the warm service checks the same text often
+
+
+def mig_minors_for(text: str, gpus) -> dict[str, int]:
+    """The part of the mig-minors table (it covers every possible GPU: 32 x 135 lines)
+    a plan can use: "config", "monitor" and the `gpus`' own entries. Discovery and the
+    snapshot check (every warm start) both use this, so it works at C speed: a GPU's
+    lines are one block of the table, found with find/rfind and parsed with one regex.
+    As in the kernel's table, a line is "name minor" from its first column; malformed
+    lines are skipped, a repeated name keeps its last minor."""
+    import re
+    from operator import itemgetter
+
+    global _MIG_MEMO
+    minors = tuple(g.minor for g in gpus)
+    if _MIG_MEMO and _MIG_MEMO[1] == minors and _MIG_MEMO[0] == text:
+        return dict(_MIG_MEMO[2])
+    out: dict[str, int] = {}
+    t = "\n" + text
+    for name in ("config", "monitor"):      # the last good line, as a full parse has it
+        i = len(t)
+        while (i := t.rfind("\n" + name, 0, i)) >= 0:
+            j = t.find("\n", i + 1)
+            parts = t[i + 1:len(t) if j < 0 else j].split()
+            if len(parts) == 2 and parts[0] == name and parts[1].isascii() and parts[1].isdigit():
+                out[name] = int(parts[1])
+                break
+    for minor in minors:
+        needle = f"gpu{minor}/"
+        first = text.find(needle)
+        if first < 0:
+            continue
+        end = text.find("\n", text.rfind(needle))
+        block = text[max(first - 1, 0):len(text) if end < 0 else end]
+        pairs = re.findall(rf"(?m)^({needle}\S*)[ \t]+([0-9]+)[ \t]*$", block)
+        out.update(zip(map(itemgetter(0), pairs), map(int, map(itemgetter(1), pairs))))
+    _MIG_MEMO = (text, minors, out)
+    return dict(out)
 
 
 def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
@@ -164,6 +216,9 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
     from libinject.discover import libraries as L
     from libinject.discover import model
     from libinject.discover import nvml
+    from libinject.discover.procfs import gpu_entry as procfs_entry
+    from libinject.discover.procfs import read as read_procfs
+    from libinject.discover.procfs import read_table
 
     entries, source = library_entries(root, cache, explicit_cache)
     libpath = _nvml_path(root, entries)
@@ -171,10 +226,7 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
         raise NvhookError(f"NVML not found under driver root {root}: no libnvidia-ml.so.1 ({source})")
     info = nvml.query(root, libpath, timeout=timeout, user=user)
 
-    # The driver's table covers every possible GPU; keep config/monitor and our GPUs'.
-    ours = tuple(f"gpu{g.minor}/" for g in info.gpus)
-    mig_minors = {k: v for k, v in read_mig_minors(os.path.join(dev_root, MIG_MINORS)).items()
-                  if "/" not in k or k.startswith(ours)}
+    mig_minors = mig_minors_for(read_table(os.path.join(dev_root, MIG_MINORS)) or "", info.gpus)
     gpus = []
     for g in info.gpus:
         migs = tuple(dataclasses.replace(
@@ -209,15 +261,22 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
             ipcs.append(model.HostFile(p, L.inside(root, p), cap, "ipc"))
 
     dev = os.path.join(dev_root, "dev")
-    control = [n for n in (
-        _device(os.path.join(dev, "nvidiactl"), "/dev/nvidiactl"),
-        _device(os.path.join(dev, "nvidia-uvm"), "/dev/nvidia-uvm", "compute"),
-        _device(os.path.join(dev, "nvidia-uvm-tools"), "/dev/nvidia-uvm-tools", "compute"),
-        _device(os.path.join(dev, "nvidia-modeset"), "/dev/nvidia-modeset", "display"),
-    ) if n]
+    control = [n for n in (_device(os.path.join(dev, name), f"/dev/{name}", cap)
+                           for name, cap in CONTROL_DEVICES) if n]
     gpu_nodes = [n for n in (_device(os.path.join(dev, f"nvidia{g.minor}"), f"/dev/nvidia{g.minor}")
                              for g in info.gpus) if n]
     procfs = os.path.join(dev_root, "proc/driver/nvidia")
+    if not os.path.isdir(procfs):
+        procfs = ""
+    # What the masked procfs copies, read now so that planning reads nothing: the MIG
+    # capability files of config/monitor and of every MIG device (what a plan can pick).
+    cap_keys = ["config", "monitor"]
+    for g in info.gpus:
+        for m in g.mig_devices:
+            cap_keys += [f"gpu{g.minor}/gi{m.gi}/access", f"gpu{g.minor}/gi{m.gi}/ci{m.ci}/access"]
+    host_procfs = read_procfs(procfs, cap_keys)
+    gpu_procfs = {g.bus_id: name for g in info.gpus
+                  if (name := procfs_entry(host_procfs.gpus, g.bus_id)) is not None}
     return Driver(
         root=root, dev_root=dev_root, info=info, libraries=tuple(libs),
         binaries=tuple(binaries), firmware=tuple(firmware), ipcs=tuple(ipcs),
@@ -225,8 +284,8 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
         imex_channels=tuple(_numbered(os.path.join(dev, "nvidia-caps-imex-channels"), "channel",
                                       "/dev/nvidia-caps-imex-channels")),
         cap_devices=tuple(_numbered(os.path.join(dev, "nvidia-caps"), "nvidia-cap", "/dev/nvidia-caps")),
-        procfs_dir=procfs if os.path.isdir(procfs) else "",
-        library_source=source,
+        procfs_dir=procfs, library_source=source,
+        procfs=host_procfs.files, gpu_procfs=gpu_procfs,
     )
 
 

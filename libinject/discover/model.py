@@ -103,3 +103,10 @@ class Driver:
     cap_devices: tuple[DeviceNode, ...] = ()       # /dev/nvidia-caps/nvidia-cap<N> present on the host, by minor
     procfs_dir: str = ""                           # host path of proc/driver/nvidia
     library_source: str = ""                       # "ldcache <path>" or "search <dirs>": how libraries were found
+    # What the masked /proc/driver/nvidia is made of, read by discovery so the planner
+    # does no I/O (libinject.discover.procfs): path under procfs_dir -> text, for
+    # params/version/registry and the MIG capability files of config, monitor and each
+    # MIG device (missing files absent) ...
+    procfs: dict[str, str] = field(default_factory=dict)
+    # ... and each GPU's existing gpus/ dir: Gpu.bus_id -> name under gpus/ (no dir: absent).
+    gpu_procfs: dict[str, str] = field(default_factory=dict)

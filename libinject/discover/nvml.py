@@ -1,12 +1,14 @@
 """Ask NVML about the driver and its GPUs, in a child process that cannot hurt the host.
 
 The parent (query()) runs this file as a script: `python -I nvml.py LIBPATH UID GID
-ROOT` with an explicit environment and a timeout. The child becomes UID:GID (by
-default 65534:65534, nobody, as nvidia-container-cli's privilege separation; --user
-or the config's `user` say otherwise), drops every capability and sets no-new-privs
-before touching the library, loads the driver root's libnvidia-ml.so.1 by path
-(never the default search path), and prints a JSON DriverInfo (or {"error": ...}).
-A hung driver is killed, not waited for.
+ROOT PARENT_PID` with an explicit environment and a timeout, and the child dies with
+its parent (PR_SET_PDEATHSIG: a killed hook leaves no query behind). The child
+becomes UID:GID (by default 65534:65534, nobody, as nvidia-container-cli's privilege
+separation; --user or the config's `user` say otherwise), drops every capability and
+sets no-new-privs before touching the library, loads the driver root's
+libnvidia-ml.so.1 by path (never the default search path), and prints a JSON
+DriverInfo (or {"error": ...}), which the parent checks field by field. A hung driver
+is killed, not waited for.
 
 A driver root other than "/" may sit below directories only root can enter (a
 root-only temp dir, /root): the child, still root, binds it over /tmp in a private
@@ -23,11 +25,33 @@ import json
 import os
 import sys
 
+_PARENT: int | None = None      # the child's: pid of the process that started it
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this (child) process when its parent dies, so that a killed hook leaves
+    no NVML query behind (it runs in a session of its own: nothing else reaches it).
+    A parent that died before this took effect shows as another parent pid. Changing
+    uid/gid clears the setting: called again after the privileges are dropped."""
+    import signal
+
+    import prctl
+
+    if _PARENT is None:
+        return
+    prctl.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != _PARENT:
+        os._exit(1)
+
+
 if __name__ == "__main__":
     # Run as a script (query()): -I leaves this file's package off sys.path, and the
     # environment (PYTHONPATH) is ignored. The tree this file is in comes first, so
     # the libinject imported is the one this file belongs to.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    if len(sys.argv) > 5 and sys.argv[5].isdigit():
+        _PARENT = int(sys.argv[5])
+    _die_with_parent()      # first thing: the imports below take a while
 
 from libinject.constants import SAFE_PATH  # noqa: E402
 from libinject.linux import native, privileges  # noqa: E402
@@ -85,6 +109,7 @@ def _child(libpath: str, user: tuple[int, int] | None, root: str = "") -> dict:
     if root and root != "/":
         libpath = _expose_root(root, libpath)
     _drop_privileges(user)
+    _die_with_parent()      # the change of user cleared it
 
     try:
         lib = ctypes.CDLL(libpath, mode=os.RTLD_NOW | os.RTLD_LOCAL)
@@ -194,7 +219,7 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
     if user is None:
         user = DEFAULT_USER
     argv = [sys.executable, "-I", os.path.abspath(__file__), libpath,
-            str(int(user[0])), str(int(user[1])), os.path.abspath(root)]
+            str(int(user[0])), str(int(user[1])), os.path.abspath(root), str(os.getpid())]
     try:
         code, out, err = child.run(argv, timeout=timeout, env=child_env, cwd="/")
     except TimeoutError:
@@ -210,26 +235,19 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
         raise NvhookError(f"NVML on driver root {root} failed: {last}")
     if "error" in data:
         raise NvhookError(f"NVML on driver root {root} failed: {data['error']}")
-    return info_from_dict(data)
+    try:
+        return info_from_dict(data)
+    except ValueError as e:
+        raise NvhookError(f"NVML on driver root {root}: malformed answer: {e}") from None
 
 
 def info_from_dict(d: dict):
-    from libinject.discover import model
+    """The child's answer as a DriverInfo, checked field by field (libinject.discover.decode):
+    the child runs the driver's code, so its answer is data to check, not to trust.
+    Raises decode.Invalid (a ValueError)."""
+    from libinject.discover import decode
 
-    return model.DriverInfo(
-        driver_version=d["driver_version"],
-        cuda_version=d["cuda_version"],
-        gpus=tuple(
-            model.Gpu(
-                index=g["index"], minor=g["minor"], uuid=g["uuid"], name=g["name"], brand=g["brand"],
-                bus_id=g["bus_id"], cc=tuple(g["cc"]), architecture=g["architecture"],
-                memory_total=g["memory_total"], mig_enabled=g["mig_enabled"],
-                mig_capable=g.get("mig_capable", False),
-                mig_devices=tuple(model.MigDevice(**m) for m in g["mig_devices"]),
-            )
-            for g in d["gpus"]
-        ),
-    )
+    return decode.driver_info(d, "NVML answer", nvml=True)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ GPU nodes and firmware), as `nvidia-container-cli configure` without flags.
 
 What gets selected (GPUs, MIG devices, MIG config/monitor, IMEX channels) is
 libinject.plan.select's answer, the one `nvhook list` shows. This module does no I/O:
-host facts come from discovery (the Driver), container facts from the caller (lib_dir,
-lib32_dir: libinject.discover.libraries.container_lib_dirs); only the masked procfs's
-text is read, by libinject.plan.procfs.
+host facts come from discovery (the Driver, including the masked procfs's texts and
+gpus/ dirs), container facts from the caller (lib_dir, lib32_dir:
+libinject.discover.libraries.container_lib_dirs).
 """
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
     if not request.disable_require:
         _require.check(request.requirements, driver.info, sel.gpus)
 
-    proc = _procfs.build(driver.procfs_dir, sel.gpus)
+    proc = _procfs.build(driver, sel.gpus)
     mounts: list[MountEdit] = _binaries(driver, flags)
     libs = _libraries(driver, flags, lib_dir, lib32_dir)
     mounts += [m for _, m in libs]
@@ -270,7 +270,7 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
     devices += [_dev(n, "imex") for n in sel.imex]
     devices = list(dict.fromkeys(devices))
     if proc_caps:
-        proc = replace(proc, files={**proc.files, **_procfs.cap_files(driver.procfs_dir, proc_caps)})
+        proc = replace(proc, files={**proc.files, **_procfs.cap_files(driver, proc_caps)})
 
     folders = [lib_dir] + ([lib32_dir] if flags.compat32 else [])
     rules: list[CgroupRule] = []

@@ -4,18 +4,21 @@ A tmpfs over <rootfs>/proc/driver/nvidia holds copies of the host's `params`,
 `version` and `registry` (missing ones skipped, as upstream does), with
 `ModifyDeviceFiles: 1` turned into 0 so the driver inside never recreates /dev
 nodes; plus the `gpus/<busid>` directories of the selected GPUs only.
+
+Pure: the texts and which gpus/ dirs exist come from discovery (Driver.procfs,
+Driver.gpu_procfs, read by libinject.discover.procfs); nothing here touches the host.
 """
 from __future__ import annotations
 
-import os
-from typing import Iterable
+import posixpath
+from typing import Iterable, Mapping
 
-from libinject.plan.edits import ProcfsEdit
+from libinject.discover.model import Driver, Gpu
+from libinject.discover.procfs import FILES
 from libinject.errors import NvhookError
-from libinject.discover.model import Gpu
+from libinject.plan.edits import ProcfsEdit
 
 PROC_DRIVER = "/proc/driver/nvidia"
-FILES = ("params", "version", "registry")
 
 
 def mask_params(text: str) -> str:
@@ -23,59 +26,38 @@ def mask_params(text: str) -> str:
     return text.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0", 1)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise NvhookError(f"cannot read {path}: {e.strerror}") from None
+def masked_files(texts: Mapping[str, str]) -> dict[str, str]:
+    """params (masked), version and registry out of texts read from the host."""
+    return {name: mask_params(texts[name]) if name == "params" else texts[name]
+            for name in FILES if name in texts}
 
 
-def gpu_dir(procfs_dir: str, gpu: Gpu) -> tuple[str, str]:
-    """(host dir, name under gpus/) of a GPU; like upstream, try the 32-bit PCI domain
-    form first ("00000000:07:00.0"), then the 16-bit one ("0000:07:00.0")."""
-    for name in (gpu.bus_id.lower(), gpu.procfs_name):
-        host = os.path.join(procfs_dir, "gpus", name)
-        if os.path.isdir(host):
-            return host, name
-    raise NvhookError(f"GPU {gpu.index} ({gpu.bus_id}): {procfs_dir}/gpus/{gpu.procfs_name} not found")
+def gpu_dir(driver: Driver, gpu: Gpu) -> tuple[str, str]:
+    """(host dir, name under gpus/) of a GPU, as discovery found it."""
+    name = driver.gpu_procfs.get(gpu.bus_id)
+    if name is None:
+        raise NvhookError(f"GPU {gpu.index} ({gpu.bus_id}): "
+                          f"{driver.procfs_dir}/gpus/{gpu.procfs_name} not found")
+    return posixpath.join(driver.procfs_dir, "gpus", name), name
 
 
-def cap_files(procfs_dir: str, rels: Iterable[str]) -> dict[str, str]:
+def cap_files(driver: Driver, rels: Iterable[str]) -> dict[str, str]:
     """MIG capability files ("capabilities/mig/config", ".../gi1/access") by their path
     under procfs_dir, as upstream's mount_procfs_mig: NVML in the container reads the caps
     minors there. Copied into the tmpfs (their text is static: "DeviceFileMinor: N ..."),
-    so it can stay read-only. Missing ones are skipped."""
-    out: dict[str, str] = {}
-    if not procfs_dir:
-        return out
-    for rel in rels:
-        host = os.path.join(procfs_dir, rel)
-        try:
-            with open(host, encoding="utf-8", errors="surrogateescape") as f:
-                out[rel] = f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            continue
-        except OSError as e:
-            raise NvhookError(f"cannot read {host}: {e.strerror}") from None
-    return out
+    so it can stay read-only. Ones discovery did not find are skipped."""
+    if not driver.procfs_dir:
+        return {}
+    return {rel: driver.procfs[rel] for rel in rels if rel in driver.procfs}
 
 
-def build(procfs_dir: str, gpus: Iterable[Gpu]) -> ProcfsEdit:
-    """The ProcfsEdit for the given host procfs dir and selected (parent) GPUs."""
-    files: dict[str, str] = {}
-    if procfs_dir:
-        for name in FILES:
-            text = _read(os.path.join(procfs_dir, name))
-            if text is None:
-                continue
-            files[name] = mask_params(text) if name == "params" else text
+def build(driver: Driver, gpus: Iterable[Gpu]) -> ProcfsEdit:
+    """The ProcfsEdit for the driver's procfs and the selected (parent) GPUs."""
+    if not driver.procfs_dir:
+        return ProcfsEdit(path=PROC_DRIVER)
     dirs: list[tuple[str, str]] = []
     for gpu in dict.fromkeys(gpus):
-        if procfs_dir:
-            d = gpu_dir(procfs_dir, gpu)
-            if d not in dirs:
-                dirs.append(d)
-    return ProcfsEdit(path=PROC_DRIVER, files=files, gpu_dirs=tuple(dirs))
+        d = gpu_dir(driver, gpu)
+        if d not in dirs:
+            dirs.append(d)
+    return ProcfsEdit(path=PROC_DRIVER, files=masked_files(driver.procfs), gpu_dirs=tuple(dirs))

@@ -52,10 +52,9 @@ def parse_links(values: list[str]):
 def run(args) -> int:
     """Run the hook args.hook with its parsed flags (link, folder, ldconfig, procfs_dir,
     mig_minors, rootfs)."""
-    try:
-        cwd: str | None = os.getcwd()
-    except OSError:
-        cwd = None
+    from libinject.runtime.hook import start_cwd
+
+    cwd = start_cwd()   # where the runtime started us (the front has moved to "/")
     os.chdir("/")   # never work relative to a directory the container controls
     from libinject.apply.live import apply
     from libinject.plan.edits import ContainerEdits
@@ -88,8 +87,11 @@ def run(args) -> int:
 
 def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     """ContainerEdits masking /proc/driver/nvidia for the devices in spec's
-    linux.devices; None when the host has no such procfs dir."""
+    linux.devices; None when the host has no such procfs dir. The host is read by
+    discovery's procfs reader (libinject.discover.procfs), the one the planner's texts
+    come from, and the edit is made as the planner makes it."""
     from libinject.constants import NVIDIA_MAJOR
+    from libinject.discover import procfs as host_procfs
     from libinject.discover.driver import read_mig_minors
     from libinject.plan import planner as _plan
     from libinject.plan import procfs
@@ -102,39 +104,24 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     # the container's devices: nodes it has *and* its cgroup lets it open
     devs = [d for d in linux.get("devices") or ()
             if isinstance(d, dict) and _allowed(rules, d.get("type", "c"), d.get("major"), d.get("minor"))]
-    base = procfs.build(procfs_dir, ())
     minors = {d.get("minor") for d in devs
               if d.get("major") == NVIDIA_MAJOR and isinstance(d.get("path"), str)
               and d["path"].removeprefix("/dev/nvidia").isdigit()}
-    gpu_dirs = []
-    gdir = os.path.join(procfs_dir, "gpus")
-    for name in sorted(os.listdir(gdir)) if os.path.isdir(gdir) else ():
-        minor = _device_minor(os.path.join(gdir, name, "information"))
-        if minor is not None and minor in minors:
-            gpu_dirs.append((os.path.join(gdir, name), name))
     # MIG capability nodes -> their files under capabilities/, copied into the tmpfs as
     # the planner does (upstream's mount_procfs_mig; the text is static)
     caps = {d.get("minor") for d in devs if isinstance(d.get("path"), str)
             and d["path"].startswith(_plan.CAPS_DIR + "/nvidia-cap")}
-    files = dict(base.files)
+    keys: list[str] = []
     if caps:
         table = mig_minors or os.path.join(os.path.dirname(procfs_dir.rstrip("/")),
                                            "nvidia-caps", "mig-minors")
-        for key, minor in read_mig_minors(table).items():
-            if minor not in caps:
-                continue
-            if key in ("config", "monitor"):
-                rel = f"capabilities/mig/{key}"
-            else:
-                gpu, _, rest = key.partition("/")
-                rel = f"capabilities/{gpu}/mig/{rest}"
-            try:
-                with open(os.path.join(procfs_dir, rel), encoding="utf-8",
-                          errors="surrogateescape") as f:
-                    files[rel] = f.read()
-            except OSError:
-                continue
-    return ContainerEdits(procfs=ProcfsEdit(path=base.path, files=files,
+        keys = [key for key, minor in read_mig_minors(table).items() if minor in caps]
+    host = host_procfs.read(procfs_dir, keys)
+    gpu_dirs = [(os.path.join(procfs_dir, "gpus", name), name)
+                for name, minor in host.gpus.items() if minor is not None and minor in minors]
+    files = procfs.masked_files(host.files)
+    files.update((rel, host.files[rel]) for rel in map(host_procfs.cap_rel, keys) if rel in host.files)
+    return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
                                             gpu_dirs=tuple(gpu_dirs)))
 
 
@@ -152,15 +139,3 @@ def _allowed(rules: list, typ: str, major, minor) -> bool:
         if "r" in access or "w" in access:
             verdict = bool(r.get("allow"))
     return verdict
-
-
-def _device_minor(path: str) -> int | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                k, sep, v = line.partition(":")
-                if sep and k.strip() == "Device Minor":
-                    return int(v.strip())
-    except (OSError, ValueError):
-        return None
-    return None

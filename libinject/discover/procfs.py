@@ -1,0 +1,124 @@
+"""The host's /proc/driver/nvidia as a container's masked copy needs it.
+
+The one reader of it: discovery keeps what it read in the Driver (Driver.procfs,
+Driver.gpu_procfs), so the planner stays a pure function, and the CDI mask-procfs hook,
+which runs at container start without a Driver, reads through the same function.
+What is read: `params`, `version` and `registry` (copied into the container's tmpfs;
+missing ones skipped, as upstream), the MIG capability files asked for
+(capabilities/..., NVML in the container reads the caps minors there), and the
+gpus/<busid> directories with the "Device Minor" of each.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from libinject.errors import NvhookError
+
+FILES = ("params", "version", "registry")
+LIMIT = 1 << 20         # procfs files are small; a bound keeps a strange one from filling memory
+
+
+@dataclass(frozen=True)
+class HostProcfs:
+    files: dict[str, str] = field(default_factory=dict)          # rel path -> text
+    gpus: dict[str, int | None] = field(default_factory=dict)    # gpus/<name> -> Device Minor
+
+
+def _read_bytes(path: str) -> bytes:
+    chunks: list[bytes] = []
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        # procfs sizes say 0: read to EOF in chunks (one LIMIT-sized buffer per small
+        # file would cost more than the read)
+        left = LIMIT
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text(path: str) -> str | None:
+    """The file's text (surrogateescape: bytes kept as they are); None if it is missing."""
+    try:
+        data = _read_bytes(path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as e:
+        raise NvhookError(f"cannot read {path}: {e.strerror}") from None
+    return data.decode("utf-8", "surrogateescape")
+
+
+def read_table(path: str) -> str | None:
+    """A table such as nvidia-caps/mig-minors (~100 KB: all of it, up to LIMIT); None if
+    it cannot be read (no MIG support: an empty table)."""
+    try:
+        return _read_bytes(path).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def cap_rel(key: str) -> str:
+    """Where the mig-minors table's `key` has its file under /proc/driver/nvidia:
+    "config" -> "capabilities/mig/config", "gpu0/gi1/ci0/access" ->
+    "capabilities/gpu0/mig/gi1/ci0/access"."""
+    gpu, sep, rest = key.partition("/")
+    return f"capabilities/{gpu}/mig/{rest}" if sep else f"capabilities/mig/{key}"
+
+
+def device_minor(text: str | None) -> int | None:
+    """The "Device Minor:" of a gpus/<busid>/information text."""
+    for line in (text or "").splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip() == "Device Minor":
+            v = v.strip()
+            return int(v) if v.isascii() and v.isdigit() else None
+    return None
+
+
+def read(procfs_dir: str, cap_keys: Iterable[str] = ()) -> HostProcfs:
+    """params/version/registry and the capability files of `cap_keys` (mig-minors table
+    names) by their path under procfs_dir, and the gpus/ dirs. Missing files are
+    skipped; other read errors are an NvhookError."""
+    files: dict[str, str] = {}
+    if not procfs_dir:
+        return HostProcfs()
+    for rel in (*FILES, *dict.fromkeys(cap_rel(k) for k in cap_keys)):
+        text = read_text(os.path.join(procfs_dir, rel))
+        if text is not None:
+            files[rel] = text
+    gpus: dict[str, int | None] = {}
+    try:
+        with os.scandir(os.path.join(procfs_dir, "gpus")) as it:
+            names = sorted(e.name for e in it if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    except OSError as e:
+        raise NvhookError(f"cannot read {procfs_dir}/gpus: {e.strerror}") from None
+    for name in names:
+        try:
+            gpus[name] = device_minor(read_text(os.path.join(procfs_dir, "gpus", name, "information")))
+        except NvhookError:
+            gpus[name] = None
+    return HostProcfs(files, gpus)
+
+
+def gpu_entry(names: Iterable[str], bus_id: str) -> str | None:
+    """Which gpus/ dir is the GPU's: like upstream, the 32-bit PCI domain form first
+    ("00000000:07:00.0"), then the 16-bit one ("0000:07:00.0")."""
+    domain, _, rest = bus_id.partition(":")
+    try:
+        short = f"{int(domain, 16):04x}:{rest.lower()}"
+    except ValueError:
+        short = None
+    have = set(names)
+    for name in (bus_id.lower(), short):
+        if name in have:
+            return name
+    return None

@@ -1,0 +1,319 @@
+"""Snapshots never decide which devices a container gets.
+
+A snapshot file edited by hand (or by anyone holding the snapshot key: "resigned"),
+damaged, or of the wrong shape is discarded on load, rediscovered and rewritten, never
+an error for the user; the device facts a start reads anyway (device nodes' rdev, each
+GPU's gpus/<busid>/information, the mig-minors table, the procfs texts) are checked
+against what the snapshot says. The snapshot dir stays bounded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from libinject.discover import snapshot as S
+from libinject.discover.driver import discover
+from libinject.plan.planner import plan
+from libinject.request.model import Request
+from support.simhost import profile_of
+
+
+def _only(sdir: Path) -> Path:
+    (snap,) = [p for p in sdir.iterdir() if p.name.startswith("driver-")]
+    return snap
+
+
+def _split(snap: Path) -> tuple[str, str, dict]:
+    """(header lines, the fingerprint, the JSON body) of a snapshot file."""
+    text = snap.read_text()
+    i = text.index("\n{")
+    return text[:i + 1], text.split("\n", 1)[0], json.loads(text[i + 1:])
+
+
+def _write(sdir: Path, how: str, doc_or_body) -> None:
+    """Put a changed body in the snapshot: "hand" keeps the header as it was (an edit
+    by hand), "resigned" seals it again with the snapshot key (a writer that has it)."""
+    snap = _only(sdir)
+    header, fp, _ = _split(snap)
+    body = doc_or_body if isinstance(doc_or_body, (str, bytes)) else json.dumps(doc_or_body)
+    if isinstance(body, str):
+        body = body.encode()
+    if how == "hand":
+        snap.write_bytes(header.encode() + body)
+    else:
+        snap.write_bytes(S.seal(fp, body, S.read_key(str(sdir))))
+    assert snap.stat().st_mode & 0o077 == 0
+
+
+def _reloads(sdir: Path, root: Path) -> object:
+    """The snapshot as discover() would load it for root (None: it would be discarded)."""
+    snap = _only(sdir)
+    fp = snap.read_bytes().split(b"\n", 1)[0].decode()
+    r = os.path.realpath(root)
+    return S.load(str(snap), fp, S.view(r, r))
+
+
+def _gpu_node(driver, index: int) -> str:
+    e = plan(Request(devices=str(index), capabilities=frozenset({"utility"})), driver)
+    return [d.path for d in e.device_nodes if d.kind == "gpu"][0]
+
+
+def _swap(items: list, a: int, b: int, key: str) -> None:
+    items[a][key], items[b][key] = items[b][key], items[a][key]
+
+
+# ---------------------------------------------------------------- devices: cross-checked
+
+EDITS = {
+    # the reported case: NVIDIA_VISIBLE_DEVICES=0 got GPU 5's node
+    "gpu-minors": lambda d: _swap(d["info"]["gpus"], 0, 5, "minor"),
+    # selection by UUID picks the other GPU
+    "gpu-uuids": lambda d: _swap(d["info"]["gpus"], 0, 5, "uuid"),
+    # the nodes themselves say other minors
+    "node-minors": lambda d: _swap(d["gpu_devices"], 0, 5, "minor"),
+    # a GPU's procfs dir is another GPU's
+    "gpu-procfs": lambda d: d["gpu_procfs"].update({
+        d["info"]["gpus"][0]["bus_id"]: d["gpu_procfs"][d["info"]["gpus"][5]["bus_id"]]}),
+    # the masked procfs would let the driver in the container recreate /dev nodes
+    "procfs-params": lambda d: d["procfs"].update(
+        params=d["procfs"]["params"].replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 2")),
+    # a host path outside the driver root
+    "library-outside-root": lambda d: d["libraries"][0].update(path="/etc/shadow"),
+}
+
+
+@pytest.mark.parametrize("how", ["hand", "resigned"])
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_edited_snapshot_never_changes_devices(sim_host, tmp_path, edit, how):
+    root = sim_host("a100x8")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    want = {g["uuid"]: g["minor"] for g in profile_of(root)["gpus"]}
+    assert {g.uuid: g.minor for g in d0.info.gpus} == want
+    _, _, doc = _split(_only(sdir))
+    EDITS[edit](doc)
+    _write(sdir, how, doc)
+    d = discover(str(root), snapshot_dir=str(sdir))
+    assert d == d0
+    assert {g.uuid: g.minor for g in d.info.gpus} == want
+    for i, g in enumerate(d.info.gpus):
+        assert _gpu_node(d, i) == f"/dev/nvidia{g.minor}"
+    assert _reloads(sdir, root) == d0          # rewritten: good again
+
+
+def test_discarded_snapshot_is_logged(sim_host, tmp_path):
+    root = sim_host("t4x1")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    _, _, doc = _split(_only(sdir))
+    doc["info"]["gpus"][0]["minor"] = "0"
+    _write(sdir, "hand", doc)
+    lines: list[str] = []
+    assert discover(str(root), snapshot_dir=str(sdir), log=lines.append) == d0
+    assert len(lines) == 1 and "discarded" in lines[0] and str(_only(sdir)) in lines[0]
+    # a current one is used without a word; a stale one is simply replaced
+    assert discover(str(root), snapshot_dir=str(sdir), log=lines.append) == d0
+    assert len(lines) == 1
+
+
+def test_swapped_minors_found_by_crosscheck_alone(sim_host, tmp_path):
+    """Resigned, so the seal holds: the cross-check against the host is what refuses."""
+    root = sim_host("a100x8")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    _, fp, doc = _split(_only(sdir))
+    _swap(doc["info"]["gpus"], 0, 5, "minor")
+    doc["gpu_devices"][0], doc["gpu_devices"][5] = doc["gpu_devices"][5], doc["gpu_devices"][0]
+    _write(sdir, "resigned", doc)
+    lines: list[str] = []
+    assert S.load(str(_only(sdir)), fp, log=lines.append) is None
+    assert "minor" in lines[0] and "information" in lines[0]
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+
+
+MIG_EDITS = {
+    "mig-access-minors": lambda d: _swap(d["info"]["gpus"][0]["mig_devices"], 0, 1, "gi_access_minor"),
+    "mig-table": lambda d: d["mig_minors"].update(config=d["mig_minors"]["monitor"]),
+    "mig-cap-file": lambda d: d["procfs"].update({k: "DeviceFileMinor: 1\n" for k in d["procfs"]
+                                                  if k.endswith("/access")}),
+    "cap-node-minor": lambda d: d["cap_devices"][0].update(minor=d["cap_devices"][1]["minor"]),
+}
+
+
+@pytest.mark.parametrize("edit", list(MIG_EDITS))
+def test_edited_mig_facts_are_not_believed(sim_host, tmp_path, edit):
+    root = sim_host("h100x8-mig")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    _, _, doc = _split(_only(sdir))
+    MIG_EDITS[edit](doc)
+    _write(sdir, "resigned", doc)
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+    assert _reloads(sdir, root) == d0
+
+
+# ---------------------------------------------------------------- shapes: validated
+
+def _set(path: str, value):
+    def edit(doc):
+        *where, last = path.split(".")
+        node = doc
+        for k in where:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return edit
+
+
+def _drop(path: str):
+    def edit(doc):
+        *where, last = path.split(".")
+        node = doc
+        for k in where:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        del node[last]
+    return edit
+
+
+BAD = {
+    "string-minor": _set("info.gpus.0.minor", "0"),
+    "list-for-info": _set("info", []),
+    "bool-for-int": _set("info.gpus.0.index", True),
+    "negative-minor": _set("info.gpus.1.minor", -1),
+    "huge-minor": _set("info.gpus.1.minor", 1 << 70),
+    "float-memory": _set("info.gpus.0.memory_total", 1.5),
+    "cc-three-numbers": _set("info.gpus.0.cc", [8, 0, 1]),
+    "null-library-path": _set("libraries.0.path", None),
+    "relative-path": _set("binaries.0.path", "usr/bin/nvidia-smi"),
+    "string-for-list": _set("libraries", "libcuda.so"),
+    "mig-minors-list": _set("mig_minors", [1, 2]),
+    "mig-minor-string": _set("mig_minors.config", "1"),
+    "procfs-not-text": _set("procfs.version", 5),
+    "extra-field": _set("info.gpus.0.evil", 1),
+    "missing-field": _drop("info.gpus.0.uuid"),
+    "gpus-out-of-order": lambda d: d["info"]["gpus"].reverse(),
+    "other-root": _set("root", "/"),
+}
+RAW = {
+    "truncated": lambda body: body[: len(body) // 2],
+    "empty": lambda body: b"",
+    "not-json": lambda body: b"\xff\xfe garbage",
+    "deep-nesting": lambda body: b"[" * 100000 + b"]" * 100000,
+    "not-an-object": lambda body: b"[1, 2, 3]",
+}
+
+
+@pytest.mark.parametrize("how", ["hand", "resigned"])
+@pytest.mark.parametrize("bad", list(BAD) + list(RAW))
+def test_bad_snapshot_is_rebuilt(sim_host, tmp_path, bad, how):
+    root = sim_host("a100x8")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    _, _, doc = _split(_only(sdir))
+    if bad in BAD:
+        BAD[bad](doc)
+        _write(sdir, how, doc)
+    else:
+        _write(sdir, how, RAW[bad](json.dumps(doc).encode()))
+    assert _reloads(sdir, root) is None
+    d = discover(str(root), snapshot_dir=str(sdir))      # no exception, the true answer
+    assert d == d0
+    assert _gpu_node(d, 0) == f"/dev/nvidia{d0.info.gpus[0].minor}"
+    assert _reloads(sdir, root) == d0                          # a fresh snapshot written
+
+
+def test_snapshot_key_is_ours_alone(sim_host, tmp_path):
+    root = sim_host("t4x1")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    key = sdir / S.KEY_NAME
+    st = key.stat()
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o600 and st.st_size == S.KEY_BYTES
+    # a key others may have written (or read) is not used, and replaced on the next save
+    os.chmod(key, 0o644)
+    assert _reloads(sdir, root) is None
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert _reloads(sdir, root) == d0
+    # a snapshot sealed with another key is not believed
+    _, fp, doc = _split(_only(sdir))
+    _only(sdir).write_bytes(S.seal(fp, json.dumps(doc).encode(), os.urandom(S.KEY_BYTES)))
+    assert _reloads(sdir, root) is None
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+
+
+def test_old_format_is_discarded(sim_host, tmp_path):
+    """A format-1 snapshot (fingerprint, then the JSON) is never read as a current one."""
+    root = sim_host("t4x1")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    _, fp, doc = _split(_only(sdir))
+    _only(sdir).write_text(fp + "\n" + json.dumps(doc))
+    assert _reloads(sdir, root) is None
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+    assert _reloads(sdir, root) == d0
+
+
+# ---------------------------------------------------------------- pruning
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise AssertionError("no btime")
+
+
+def test_pruning_bounds_the_snapshot_dir(sim_host, tmp_path):
+    root = sim_host("t4x1")
+    sdir = tmp_path / "snaps"
+    sdir.mkdir(mode=0o700)
+    now = time.time()
+    old = [sdir / f"driver-{i:032x}.json" for i in range(40)]
+    for i, p in enumerate(old):
+        p.write_text("x\n{}")
+        os.chmod(p, 0o600)
+        t = now - 60 * (i + 1)                       # recent, one minute apart
+        os.utime(p, (t, t))
+    before_boot = sdir / f"driver-{'b' * 32}.json"
+    before_boot.write_text("x\n{}")
+    t = _boot_time() - 3600
+    os.utime(before_boot, (t, t))
+    stale_tmp = sdir / f".driver-{'c' * 32}.json.tmp-123-0badf00d"
+    stale_tmp.write_text("half")
+    os.utime(stale_tmp, (now - 3600, now - 3600))
+    live_tmp = sdir / f".driver-{'d' * 32}.json.tmp-456-0badf00d"   # a writer right now
+    live_tmp.write_text("half")
+    other = sdir / "README"                          # not ours to remove
+    other.write_text("admin's notes\n")
+
+    d = discover(str(root), snapshot_dir=str(sdir))
+    snaps = sorted(p.name for p in sdir.iterdir() if p.name.startswith("driver-"))
+    assert len(snaps) <= 8
+    mine = _only_current(sdir, root)
+    assert mine.name in snaps and S.load(str(mine), _split(mine)[1]) == d
+    # the newest of the others are the ones kept
+    kept = [p for p in old if p.exists()]
+    assert kept == old[:len(kept)]
+    assert not before_boot.exists() and not stale_tmp.exists()
+    assert live_tmp.exists() and other.exists()
+    # and it stays bounded
+    for i in range(20):
+        p = sdir / f"driver-{0xf00 + i:032x}.json"
+        p.write_text("x\n{}")
+    os.unlink(mine)
+    discover(str(root), snapshot_dir=str(sdir))
+    assert len([p for p in sdir.iterdir() if p.name.startswith("driver-")]) <= 8
+
+
+def _only_current(sdir: Path, root: Path) -> Path:
+    from libinject.discover.driver import DEFAULT_LDCACHE
+
+    r = os.path.realpath(root)
+    return Path(S.path_for(str(sdir), r, r, os.path.join(r, DEFAULT_LDCACHE.lstrip("/"))))
