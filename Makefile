@@ -26,7 +26,13 @@ $(VENV)/bin/nvhook-hook: csrc/hookfront.c $(VENV)/.installed
 	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/hookfront.c 2>/dev/null || \
 	$(CC) -O2 -Wall $(FRONT_DEFS) -o $@ csrc/hookfront.c
 
-venv: deps $(VENV)/.installed $(VENV)/bin/nvhook-hook
+# The runtime shim's compiled front (csrc/shimfront.c): execs the low-level runtime for
+# every command but `create` without starting Python (engines call it many times a container).
+$(VENV)/bin/nvhook-runtime: csrc/shimfront.c $(VENV)/.installed
+	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/shimfront.c 2>/dev/null || \
+	$(CC) -O2 -Wall $(FRONT_DEFS) -o $@ csrc/shimfront.c
+
+venv: deps $(VENV)/.installed $(VENV)/bin/nvhook-hook $(VENV)/bin/nvhook-runtime
 
 demo: venv
 	sh scripts/demo

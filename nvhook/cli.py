@@ -131,8 +131,3 @@ def _run_guarded(fn, arg) -> int:
     except Exception as e:  # a bug: still one line, never a traceback
         report(f"internal error: {type(e).__name__}: {e}")
         return 70
-
-
-def runtime_main() -> int:
-    """Console script nvhook-runtime: the runtime shim with runc's arguments."""
-    return main(["runtime", *sys.argv[1:]])

@@ -54,7 +54,7 @@ def parse_argv(argv: list[str]) -> SimpleNamespace | None:
     return ns
 
 
-def _start_cwd() -> str | None:
+def start_cwd() -> str | None:
     # hookfront chdirs to "/" before exec and tells us where the runtime started it.
     cwd = os.environ.get("NVHOOK_HOOK_CWD")
     if cwd:
@@ -67,7 +67,7 @@ def _start_cwd() -> str | None:
 
 def run(args) -> int:
     """The exec path: the state on stdin, the cwd the front reports."""
-    cwd = _start_cwd()
+    cwd = start_cwd()
     os.chdir("/")
     stage = args.command
     if stage not in CONFIGURE_STAGES:

@@ -84,6 +84,7 @@ PRELOAD = (
     "libinject.apply.live", "libinject.apply.cgroups", "libinject.apply.bpf",
     "libinject.log", "libinject.request.user", "libinject.discover.options",
     "libinject.runtime.hook", "libinject.constants", "libinject.linux.child",
+    "libinject.discover.decode", "libinject.discover.procfs",
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic",
 )
@@ -157,12 +158,12 @@ class DriverCache:
     def discover(self, root: str = "/", *, ldcache: str | None = None,
                  dev_root: str | None = None, nvml_timeout: float = 10.0,
                  user: tuple[int, int] | None = None, snapshot: bool = True,
-                 snapshot_dir: str | None = None):
+                 snapshot_dir: str | None = None, log=None):
         from libinject.discover import driver as D
 
         def fresh():
             return D.discover(root, ldcache=ldcache, dev_root=dev_root, nvml_timeout=nvml_timeout,
-                              user=user, snapshot=snapshot, snapshot_dir=snapshot_dir)
+                              user=user, snapshot=snapshot, snapshot_dir=snapshot_dir, log=log)
 
         if not snapshot:        # the config asks for no caching of discovery: none here either
             return fresh()

@@ -1,0 +1,206 @@
+/*
+ * shimfront: the compiled front of nvhook's runtime shim (installed as .venv/bin/nvhook-runtime).
+ *
+ * Engines call their runtime for every step of every container (create, start, state,
+ * kill, delete, ... several times each), and only `create` needs the shim's work: its
+ * spec rewrite (libinject/runtime/shim.py). Starting Python for the rest costs ~70-100 ms
+ * a call; this front execs the low-level runtime directly instead, with the arguments
+ * unchanged, and execs Python (`nvhook runtime ARGS`) only for `create` or when it
+ * cannot decide alone:
+ * - the low-level runtime is the first of NVIDIA's default list (docker-runc, runc, crun)
+ *   found on PATH, never this program (as libinject.runtime.shim.find_runtime); a
+ *   config.toml that sets `runtimes` or `log-level`, or runc's --debug (both may ask
+ *   for the debug line Python logs for each call), goes to Python;
+ * - the config is found as Python finds it: $NVHOOK_CONFIG, else
+ *   ${XDG_CONFIG_HOME:-/etc}/nvidia-container-runtime/config.toml (the shim's
+ *   environment is the engine's own, not a container's).
+ * Built static where possible; logic stays in Python.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef NVHOOK_PYTHON
+#define NVHOOK_PYTHON "/usr/bin/python3"
+#endif
+#ifndef NVHOOK_PYPATH
+#define NVHOOK_PYPATH ""
+#endif
+
+#define SAFE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define MAX_CONF (1 << 20)
+
+extern char **environ;
+
+/* runc/crun global options that take a value (libinject/runtime/shim.py _GLOBAL_VALUED) */
+static const char *const VALUED[] = {"--log", "--log-format", "--root", "--criu", "--rootless",
+                                     "--cgroup-manager", NULL};
+static const char *const RUNTIMES[] = {"docker-runc", "runc", "crun", NULL};
+/* config keys that change what a pass-through does: Python handles those */
+static const char *const CONF_KEYS[] = {"runtimes", "log-level", NULL};
+static const char *const PY_MAIN =
+    "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; "
+    "from nvhook.cli import main; sys.exit(main(['runtime', *sys.argv[1:]]))";
+
+/* "--log=x" -> "--log"; "-log" (Go flag style) -> "--log", in buf */
+static const char *flag_name(const char *a, char *buf, size_t size)
+{
+    const char *eq = strchr(a, '=');
+    size_t n = eq ? (size_t)(eq - a) : strlen(a);
+    int go = a[0] == '-' && a[1] != '-' && n > 2;
+    if (n + 2 > size)
+        return "";
+    size_t off = 0;
+    if (go)
+        buf[off++] = '-';
+    memcpy(buf + off, a, n);
+    buf[off + n] = '\0';
+    return buf;
+}
+
+/* The runc command (first non-option), as libinject.runtime.shim.parse_args finds it. */
+static const char *command(int argc, char **argv, int *debug)
+{
+    char name[256];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-')
+            return a;
+        const char *f = flag_name(a, name, sizeof name);
+        if (strcmp(f, "--debug") == 0)
+            *debug = 1;
+        int valued = 0;
+        for (const char *const *v = VALUED; *v; v++)
+            if (strcmp(f, *v) == 0)
+                valued = 1;
+        if (valued && !strchr(a, '='))
+            i++;
+    }
+    return NULL;
+}
+
+static void exec_python(int argc, char **argv)
+{
+    const char *python = NVHOOK_PYTHON;
+    static char beside[PATH_MAX];
+    if (access(python, X_OK) != 0) {
+        ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 8);
+        if (n > 0) {
+            beside[n] = '\0';
+            char *slash = strrchr(beside, '/');
+            if (slash) {
+                strcpy(slash + 1, "python");
+                python = beside;
+            }
+        }
+    }
+    char **av = calloc((size_t)argc + 6, sizeof *av);
+    if (!av)
+        _exit(127);
+    int na = 0;
+    av[na++] = (char *)python;
+    av[na++] = "-I";
+    if (*NVHOOK_PYPATH)
+        av[na++] = "-S";
+    av[na++] = "-c";
+    av[na++] = (char *)PY_MAIN;
+    av[na++] = NVHOOK_PYPATH;
+    for (int i = 1; i < argc; i++)
+        av[na++] = argv[i];
+    av[na] = NULL;
+    execve(python, av, environ);
+    dprintf(2, "nvhook: cannot run %s: %s\n", python, strerror(errno));
+    _exit(127);
+}
+
+/* Does the config set a key from CONF_KEYS (outside comments)? Unreadable or odd: yes. */
+static int config_needs_python(void)
+{
+    char buf[PATH_MAX];
+    const char *path = getenv("NVHOOK_CONFIG");
+    int required = path && *path;
+    if (!required) {
+        const char *xdg = getenv("XDG_CONFIG_HOME");
+        snprintf(buf, sizeof buf, "%s/nvidia-container-runtime/config.toml", xdg && *xdg ? xdg : "/etc");
+        path = buf;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return required || errno != ENOENT;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_CONF) {
+        close(fd);
+        return 1;
+    }
+    char *text = malloc((size_t)st.st_size + 1);
+    ssize_t n = text ? read(fd, text, (size_t)st.st_size) : -1;
+    close(fd);
+    if (n < 0) {
+        free(text);
+        return 1;
+    }
+    text[n] = '\0';
+    int hit = 0;
+    for (char *line = text; line && *line && !hit;) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        char *p = line + strspn(line, " \t");
+        if (*p != '#')
+            for (const char *const *k = CONF_KEYS; *k; k++)
+                if (strncmp(p, *k, strlen(*k)) == 0 && strchr(" \t=", p[strlen(*k)]))
+                    hit = 1;
+        line = end ? end + 1 : NULL;
+    }
+    free(text);
+    return hit;
+}
+
+/* The first of RUNTIMES on PATH that is not this program, in buf; NULL if none. */
+static const char *find_runtime(char *buf, size_t size)
+{
+    char self[PATH_MAX], real[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = '\0';
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = SAFE_PATH;
+    for (const char *const *r = RUNTIMES; *r; r++) {
+        for (const char *d = path; d;) {
+            const char *colon = strchr(d, ':');
+            size_t len = colon ? (size_t)(colon - d) : strlen(d);
+            if (len && len + strlen(*r) + 2 <= size) {
+                memcpy(buf, d, len);
+                buf[len] = '/';
+                strcpy(buf + len + 1, *r);
+                struct stat st;
+                if (stat(buf, &st) == 0 && S_ISREG(st.st_mode) && access(buf, X_OK) == 0 &&
+                    !(realpath(buf, real) && strcmp(real, self) == 0))
+                    return buf;
+            }
+            d = colon ? colon + 1 : NULL;
+        }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int debug = 0;
+    const char *cmd = command(argc, argv, &debug);
+    if (!cmd || debug || strcmp(cmd, "create") == 0 || config_needs_python())
+        exec_python(argc, argv);
+    static char runtime[PATH_MAX];
+    if (!find_runtime(runtime, sizeof runtime))
+        exec_python(argc, argv); /* Python says which were tried */
+    argv[0] = runtime;
+    execv(runtime, argv);
+    exec_python(argc, argv);
+    return 127;
+}

@@ -1,0 +1,88 @@
+"""The runtime shim's compiled front (csrc/shimfront.c): every runc command but `create`
+goes straight to the low-level runtime, unchanged, without starting Python."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from support.shimenv import SHIM
+
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+STRACE = shutil.which("strace") or "/usr/bin/strace"
+
+
+def _execs(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run argv under strace; (its result, the programs it exec'd, in order)."""
+    log = tmp_path / "strace.log"
+    r = subprocess.run([STRACE, "-f", "-qq", "-e", "trace=execve", "-o", str(log), *argv],
+                       capture_output=True, text=True, env=env, timeout=120)
+    progs = re.findall(r'execve\("([^"]+)", .*\) = 0', log.read_text())
+    return r, progs
+
+
+def _fake_runtime(d: Path, name: str) -> Path:
+    d.mkdir(exist_ok=True)
+    p = d / name
+    p.write_text('#!/bin/sh\necho "$0 $*"\n')
+    p.chmod(0o755)
+    return p
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    # no config.toml: NVIDIA's defaults (runtimes docker-runc, runc, crun)
+    return {"PATH": f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin", "XDG_CONFIG_HOME": str(tmp_path)}
+
+
+def test_pass_through_execs_the_runtime_directly(tmp_path, env):
+    state = tmp_path / "state"
+    r, progs = _execs(tmp_path, [SHIM, "--root", str(state), "--log-format=json", "list"], env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == subprocess.run([RUNC, "--root", str(state), "list"], capture_output=True,
+                                      text=True, timeout=60).stdout
+    assert progs == [SHIM, RUNC]                       # no Python in between
+
+
+def test_arguments_reach_the_runtime_unchanged(tmp_path, env):
+    fake = _fake_runtime(tmp_path / "bin", "runc")
+    argv = ["--root", "/r", "-log", "/l", "--log-format", "json", "kill", "--all", "cid", "KILL"]
+    r, progs = _execs(tmp_path, [SHIM, *argv], env)
+    assert r.stdout == f"{fake} {' '.join(argv)}\n"
+    assert progs == [SHIM, str(fake)]
+
+
+def test_create_and_undecidable_cases_go_to_python(tmp_path, env):
+    _fake_runtime(tmp_path / "bin", "runc")
+    python = str(REPO / ".venv/bin/python")
+    for argv in (["--root", "/r", "create", "--bundle", str(tmp_path / "nope"), "cid"],
+                 ["--debug", "state", "cid"], ["--version"]):
+        _, progs = _execs(tmp_path, [SHIM, *argv], env)
+        assert progs[:2] == [SHIM, python], argv
+    # a config naming its own runtimes (or a log level) is Python's to read
+    conf = tmp_path / "nvidia-container-runtime"
+    conf.mkdir()
+    for text in ('[nvidia-container-runtime]\nruntimes = ["crun"]\n',
+                 '[nvidia-container-runtime]\nlog-level = "debug"\n'):
+        (conf / "config.toml").write_text(text)
+        _, progs = _execs(tmp_path, [SHIM, "state", "cid"], env)
+        assert progs[:2] == [SHIM, python], text
+    (conf / "config.toml").write_text('#runtimes = ["crun"]\n[nvidia-container-runtime]\nmode = "cdi"\n')
+    _, progs = _execs(tmp_path, [SHIM, "state", "cid"], env)
+    assert progs == [SHIM, str(tmp_path / "bin/runc")]
+
+
+def test_never_execs_itself(tmp_path, env):
+    """A `runc` on PATH that is the shim (a symlink) is skipped, as Python's find_runtime does."""
+    (tmp_path / "bin").mkdir()
+    os.symlink(SHIM, tmp_path / "bin/runc")
+    fake = _fake_runtime(tmp_path / "bin", "crun")
+    env["PATH"] = str(tmp_path / "bin")
+    r, progs = _execs(tmp_path, [SHIM, "state", "cid"], env)
+    assert r.stdout == f"{fake} state cid\n"
+    assert progs == [SHIM, str(fake)]
