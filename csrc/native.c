@@ -14,12 +14,19 @@
 #ifndef MOUNT_ATTR_RDONLY
 #include <linux/mount.h>
 #endif
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/audit.h>
 #include <linux/bpf.h>
+#include <linux/filter.h>
+#include <linux/keyctl.h>
 #include <linux/magic.h>
 #include <linux/openat2.h>
+#include <linux/seccomp.h>
 
 #define RET(expr) do { long _r = (expr); return _r < 0 ? -errno : (int)_r; } while (0)
 
@@ -157,4 +164,137 @@ long nv_fstatfs_type(int fd)
     if (fstatfs(fd, &s) < 0)
         return -errno;
     return (long)s.f_type;
+}
+
+int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root)
+{
+    struct statx stx;
+    memset(&stx, 0, sizeof stx);
+    if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &stx) < 0)
+        return -errno;
+    /* both since Linux 5.8; an older kernel cannot tell us, so callers fail closed */
+    if (!(stx.stx_mask & STATX_MNT_ID) || !(stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT))
+        return -ENOSYS;
+    *mnt_id = stx.stx_mnt_id;
+    *is_mount_root = (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+    return 0;
+}
+
+int nv_join_session_keyring(void)
+{ RET(syscall(__NR_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0)); }
+
+/* The ldconfig sandbox's seccomp filter: a deny-list (EPERM) of what ldconfig never
+ * needs and what widens the kernel surface a hostile image could reach through it
+ * (keyrings, new user namespaces, ptrace, bpf, the mount API, modules, kexec, ...).
+ * Hand-built classic BPF, so libseccomp is not a dependency. */
+#if defined(__x86_64__)
+#define NV_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define NV_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#else
+#error "the ldconfig seccomp filter knows x86_64 and aarch64 only"
+#endif
+/* Numbers from 424 up are the same on every architecture. */
+#ifndef __NR_open_tree_attr
+#define __NR_open_tree_attr 467
+#endif
+/* The first syscall number after those of Linux 6.1, which this list was written
+ * against: anything newer gets ENOSYS (libc falls back), never silently allowed. */
+#define NV_NR_FIRST_UNKNOWN 451
+#define NV_CLONE_NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET \
+                           | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
+
+static const unsigned int nv_ldconfig_denied[] = {
+    __NR_keyctl, __NR_add_key, __NR_request_key,
+    __NR_unshare, __NR_setns, __NR_ptrace, __NR_bpf, __NR_perf_event_open,
+    __NR_userfaultfd, __NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register,
+    __NR_mount, __NR_umount2, __NR_pivot_root, __NR_chroot, __NR_move_mount,
+    __NR_open_tree, __NR_open_tree_attr, __NR_fsopen, __NR_fsmount, __NR_fsconfig,
+    __NR_fspick, __NR_mount_setattr,
+    __NR_kexec_load, __NR_kexec_file_load, __NR_init_module, __NR_finit_module,
+    __NR_delete_module, __NR_reboot, __NR_swapon, __NR_swapoff, __NR_acct, __NR_syslog,
+    __NR_vhangup, __NR_quotactl, __NR_quotactl_fd,
+    __NR_settimeofday, __NR_clock_settime, __NR_clock_adjtime, __NR_adjtimex,
+    __NR_sethostname, __NR_setdomainname, __NR_personality,
+    __NR_process_vm_readv, __NR_process_vm_writev, __NR_kcmp, __NR_pidfd_getfd,
+    __NR_name_to_handle_at, __NR_open_by_handle_at, __NR_fanotify_init,
+    __NR_mknodat,
+#ifdef __NR_mknod
+    __NR_mknod,
+#endif
+#ifdef __NR_lookup_dcookie
+    __NR_lookup_dcookie,
+#endif
+#ifdef __NR_nfsservctl
+    __NR_nfsservctl,
+#endif
+#ifdef __NR_iopl
+    __NR_iopl,
+#endif
+#ifdef __NR_ioperm
+    __NR_ioperm,
+#endif
+#ifdef __NR_uselib
+    __NR_uselib,
+#endif
+#ifdef __NR__sysctl
+    __NR__sysctl,
+#endif
+#ifdef __NR_create_module
+    __NR_create_module,
+#endif
+#ifdef __NR_get_kernel_syms
+    __NR_get_kernel_syms,
+#endif
+#ifdef __NR_query_module
+    __NR_query_module,
+#endif
+};
+
+#define NV_DENIED (sizeof nv_ldconfig_denied / sizeof nv_ldconfig_denied[0])
+#define NV_STMT(code, k) ((struct sock_filter)BPF_STMT((code), (k)))
+#define NV_JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP((code), (k), (jt), (jf)))
+
+int nv_seccomp_ldconfig(void)
+{
+    struct sock_filter f[NV_DENIED + 24];
+    struct sock_fprog prog;
+    unsigned int n = 0, i, deny;
+    const unsigned int arg0 = offsetof(struct seccomp_data, args[0])
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        + 4
+#endif
+        ;
+
+    /* Another ABI's numbers mean other syscalls: kill (ldconfig is never one). */
+    f[n++] = NV_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+    f[n++] = NV_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NV_AUDIT_ARCH, 1, 0);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    f[n++] = NV_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+#if defined(__x86_64__)
+    /* x32 syscalls share AUDIT_ARCH_X86_64, with bit 30 set */
+    f[n++] = NV_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000U, 0, 1);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+#endif
+    /* clone3's flags are behind a pointer BPF cannot read: ENOSYS, libc uses clone */
+    f[n++] = NV_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 0, 1);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    /* clone: a plain fork is fine, any new namespace (a user namespace first) is not */
+    f[n++] = NV_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, 4);
+    f[n++] = NV_STMT(BPF_LD | BPF_W | BPF_ABS, arg0);
+    f[n++] = NV_JUMP(BPF_JMP | BPF_JSET | BPF_K, NV_CLONE_NS_FLAGS, 0, 1);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    deny = n + NV_DENIED + 3;
+    for (i = 0; i < NV_DENIED; i++, n++)
+        f[n] = NV_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nv_ldconfig_denied[i], deny - n - 1, 0);
+    f[n++] = NV_JUMP(BPF_JMP | BPF_JGE | BPF_K, NV_NR_FIRST_UNKNOWN, 0, 1);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    f[n++] = NV_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);   /* deny */
+
+    prog.len = (unsigned short)n;
+    prog.filter = f;
+    /* needs no_new_privs (or CAP_SYS_ADMIN); callers set it first */
+    RET(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0));
 }

@@ -40,6 +40,15 @@ int nv_fsconfig(int fd, unsigned int cmd, const char *key, const char *value, in
 int nv_fsmount(int fd, unsigned int flags, unsigned int attr_flags);
 long nv_fstatfs_type(int fd);
 
+/* statx(2) STATX_MNT_ID: the mount fd is on (mountinfo's id) and whether fd is that
+ * mount's root (STATX_ATTR_MOUNT_ROOT); -ENOSYS where the kernel cannot say. */
+int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root);
+
+/* The ldconfig sandbox: a fresh anonymous session keyring (keyctl
+ * KEYCTL_JOIN_SESSION_KEYRING, NULL), and its seccomp deny-list (needs no_new_privs). */
+int nv_join_session_keyring(void);
+int nv_seccomp_ldconfig(void);
+
 /* mount(2), umount2(2) (<sys/mount.h>) */
 #define MS_RDONLY ...
 #define MS_NOSUID ...

@@ -9,9 +9,16 @@ root) or none, rlimits, and a timeout.
 
 The sandbox is also its own pid, network and IPC namespace (ldconfig is pid 1 there:
 it can see and signal no host process, reach no abstract socket or SysV IPC object),
-and its copy of the rootfs is nodev,nosuid: the host's ldconfig following an image's
-`include /etc/x` into a device node gets EACCES instead of running a driver's open()
-as host root. Kernel filesystems that cannot be detached abort the run (fail closed).
+and its copy of the rootfs is nodev,nosuid and private: the host's ldconfig following an
+image's `include /etc/x` into a device node gets EACCES instead of running a driver's
+open() as host root. In the copy, kernel filesystems are detached and every other mount
+but the rootfs's own is read-only: volumes are host directories, where ldconfig must
+not make SONAME links (their libraries are still cached, as before); a mount that
+cannot be detached or made read-only aborts the run (fail closed). It runs under a
+seccomp deny-list (EPERM for keyrings, user and other namespaces, ptrace, bpf, the
+mount API, modules, kexec, ...; csrc/native.c), in a session keyring of its own, named
+nvhook-ldconfig until it execs, and dies with its parent (a killed hook leaves no
+ldconfig writing the cache).
 
 By default the *host's* ldconfig runs ("@/sbin/ldconfig"): Debian's is static, so it
 runs inside any rootfs, and images without ldconfig work. A path without "@" is the
@@ -28,6 +35,8 @@ import errno
 import gc
 import os
 import resource
+import select
+import signal
 import stat
 from typing import Callable, Sequence
 
@@ -155,6 +164,7 @@ def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
     if folders:
         write_conf(root, folders)
     root.preserve("/etc/ld.so.cache")   # rollback restores the image's cache
+    root.preserve("/etc/ld.so.cache~")  # and removes ldconfig's temp file, if killed
     mark("ld.so.conf")
     own = exec_fd is None
     fd = open_ldconfig(ldconfig, root) if own else exec_fd
@@ -239,6 +249,7 @@ def _wait(pid: int, r: int, timeout: float) -> str | None:
 def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> None:
     import prctl
 
+    prctl.set_name("nvhook-ldconfig")   # what ps shows until it execs
     proc = proc_fd()                 # the host's /proc: our own fds and mountinfo
     last_cap = cap_last_cap()
     # A detached copy of the rootfs with what is mounted in it, taken from the fd (the
@@ -247,9 +258,12 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
                             | native.AT_EMPTY_PATH | native.AT_RECURSIVE)
     # nodev: the image's device nodes cannot be opened (an ld.so.conf `include` of a
     # char device would run its driver's open as host root); nosuid: nothing gains
-    # privileges by exec (no_new_privs too). Before the copy is attached anywhere.
+    # privileges by exec (no_new_privs too); private: a clone of a shared mount is its
+    # peer, and detaching mounts in the copy below would detach them in the container
+    # (or the host) too. Before the copy is attached anywhere.
     native.mount_setattr(tree, "", native.AT_EMPTY_PATH | native.AT_RECURSIVE,
-                         native.MOUNT_ATTR_NODEV | native.MOUNT_ATTR_NOSUID)
+                         native.MOUNT_ATTR_NODEV | native.MOUNT_ATTR_NOSUID,
+                         propagation=native.MS_PRIVATE)
     # A private mount namespace (nothing below propagates anywhere), and network and
     # IPC namespaces of its own (the pid namespace came with the fork).
     native.unshare(native.CLONE_NEWNS | native.CLONE_NEWNET | native.CLONE_NEWIPC)
@@ -276,6 +290,15 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     if left:
         raise OSError(errno.EBUSY, f"cannot detach kernel filesystem at {left[0]} in the "
                       "rootfs copy; refusing to run ldconfig")
+    # Every other mount but the rootfs's own read-only: volumes are host directories,
+    # and an image's ld.so.conf naming one would have ldconfig make SONAME links there
+    # (as root). Then check, and fail closed.
+    for mp in _writable_mounts(proc):
+        _read_only(mp)
+    writable = _writable_mounts(proc)
+    if writable:
+        raise OSError(errno.EBUSY, f"cannot make the mount at {writable[0]} in the rootfs "
+                      "copy read-only; refusing to run ldconfig")
     # stdin: an empty pipe; stdout/stderr: our pipe; nothing else but the binary
     # (close_range around it: whatever the caller had open, CLOEXEC or not).
     pr, pw = os.pipe()
@@ -300,8 +323,24 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
         limit_capabilities({prctl.CAP_DAC_OVERRIDE}, last_cap=last_cap)
     else:
         os.setresuid(root.uid, root.uid, root.uid)
+    # Nothing keyed in the caller's session keyring (the runtime's) is reachable.
+    native.join_session_keyring()
+    # Dies with the apply that runs it (a hook killed by its runtime's timeout): set
+    # after the last credential change, which clears it. The parent may have died
+    # before: its end of our pipe (stdout now) is closed then.
+    prctl.set_pdeathsig(signal.SIGKILL)
+    if _reader_gone(1):
+        os._exit(126)
     prctl.set_no_new_privs(1)
+    native.seccomp_ldconfig()       # last: execve itself must still be allowed
     os.execve(exec_fd, argv, {})
+
+
+def _reader_gone(fd: int) -> bool:
+    """True if the read end of pipe `fd` (the parent's) is closed."""
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    return any(ev & select.POLLERR for _, ev in p.poll(0))
 
 
 def _kernel_mounts(proc: int) -> list[str]:
@@ -310,3 +349,28 @@ def _kernel_mounts(proc: int) -> list[str]:
            if m.fstype in KERNEL_FS and m.mountpoint != "/"]
     return sorted(out, key=lambda p: -p.count("/"))
 
+
+def _writable_mounts(proc: int) -> list[str]:
+    """Mount points of the writable mounts in our (pivoted) namespace but "/", less
+    those covered by another mount at the same place (unreachable)."""
+    mounts = mountinfo.read(proc_fd=proc)
+    where = {m.id: m.mountpoint for m in mounts}
+    covered = {m.parent for m in mounts if where.get(m.parent) == m.mountpoint}
+    return [m.mountpoint for m in mounts
+            if m.mountpoint != "/" and "ro" not in m.options and m.id not in covered]
+
+
+def _read_only(mountpoint: str) -> None:
+    """Make the mount at `mountpoint` (a path from mountinfo: symlink-free unless the
+    image swapped one in since, which is then refused) read-only, itself only."""
+    try:
+        fd = native.openat2(native.AT_FDCWD, mountpoint, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW,
+                            0, native.RESOLVE_NO_SYMLINKS | native.RESOLVE_NO_MAGICLINKS)
+    except OSError:
+        return      # the check after the loop fails closed
+    try:
+        native.mount_setattr(fd, "", native.AT_EMPTY_PATH, native.MOUNT_ATTR_RDONLY)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

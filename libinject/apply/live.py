@@ -14,6 +14,18 @@ capabilities:
   5. report to the parent, which applies the cgroup rules (they need the host's view of
      the cgroup tree) and then tells the child to commit or roll back.
 Any failure undoes everything done so far and raises NvhookError with one line.
+
+A process killed mid-apply (a runtime's hook timeout, serve-timeout) cannot undo
+anything: each step is written ahead to a journal on the host (rootfs.DiskJournal,
+/run/nvhook/journal/<rootfs key>), and the next apply on the same rootfs (the
+container retried, or any `configure` of it) first replays what it finds there
+(RootFS.replay), before step 4. What a kill leaves until then: in the rootfs, the
+entries made so far (placeholders, directories, SONAME links, the ld.so.conf.d file,
+a rewritten ld.so.cache or musl path file); mounts die with the container's mount
+namespace (and are replayed too where they were made in ours). Not covered: an entry
+made in the microseconds between its syscall and its record, the SONAME links the
+sandboxed ldconfig itself makes (never undone, as on rollback), and cgroup device
+rules (they die with the container's cgroup).
 """
 from __future__ import annotations
 
@@ -34,7 +46,8 @@ from libinject.linux.privileges import limit_capabilities
 from libinject.linux.proc import proc_fd
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from libinject.apply.rootfs import Journal, RootFS, fs_type, mount_attrs, open_host, openat2, split
+from libinject.apply.rootfs import (DiskJournal, Journal, RootFS, fs_type, mount_attrs, open_host,
+                                    openat2, split)
 
 TIMEOUT = 120.0
 LIB_OPTS = ("ro", "nosuid", "nodev")
@@ -252,18 +265,26 @@ def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
     # namespace may not show this Python's files at all (a container that already
     # pivoted), or show the image's.
     src = _open_sources(edits, ldconfig)
-    proc_fd()                       # the host's /proc, for after setns
+    proc = proc_fd()                # the host's /proc, for after setns
     host_id = _identity(rootfs)
+    journal.disk = DiskJournal.open(rootfs)     # on the host, keyed by the host's path
     _mark("sources")
+    own_ns = False
     if nsfd is not None:
+        # Another namespace than ours: the container's, whose own mounts we may change
+        own_ns = os.fstat(nsfd).st_ino != os.stat("self/ns/mnt", dir_fd=proc).st_ino
         native.setns(nsfd, native.CLONE_NEWNS)
         os.chdir("/")
         rootfs = _container_rootfs(rootfs, host_id)
         _mark("setns")
     limit_capabilities(_caps_kept())
-    root = RootFS(rootfs, journal)
+    root = RootFS(rootfs, journal, own_ns=own_ns)
     _mark("caps")
     try:
+        if journal.disk.stale:      # what a killed apply left in this rootfs
+            root.replay(journal.disk.stale)
+            journal.disk.restart()
+            _mark("replay")
         _apply(edits, root, src, ldconfig)
     finally:
         root.close()

@@ -8,18 +8,34 @@ last component, and owned by the rootfs owner (the container's owner). Mounts ar
 attached to the resolved target fd with move_mount(), never through a path.
 (README "Security model"; CVE-2024-0132, CVE-2024-0133, CVE-2025-23359, CVE-2024-0134.)
 
+Mount targets, and every entry we create, must be on the rootfs's own mount (or the
+runtime's /dev tmpfs for /dev paths, its procfs for the /proc/driver/nvidia mask, or a
+tmpfs of ours): RESOLVE_IN_ROOT keeps paths inside the container's *view*, which
+includes its volumes, and an image symlink into a volume must not get driver files
+mounted (or files created) there, in a host directory. Nothing is attached to a shared
+mount (its peers, possibly on the host, would get the mount too): in the container's
+own namespace its rootfs, /dev and /proc mounts are made slaves first; anywhere else
+a shared target mount is refused.
+
 A Journal records every mount and every entry created or replaced; rollback() undoes
-them in reverse order (all-or-nothing apply).
+them in reverse order (all-or-nothing apply). With a DiskJournal it also writes each
+step ahead to /run/nvhook/journal, so that what a killed apply left in the rootfs is
+undone by the next apply on it (RootFS.replay).
 """
 from __future__ import annotations
 
+import base64
 import errno
+import fcntl
+import hashlib
+import json
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from libinject.linux import native
+from libinject.linux import atomic, mountinfo, native
 from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
 
@@ -34,6 +50,9 @@ _ATTRS = {
 }
 _NO_ATTR = {"rw", "bind", "rbind", "suid", "dev", "exec", "private", "rprivate", "slave",
             "rslave", "shared", "rshared"}
+SAVE_LIMIT = 1 << 24        # the largest image file we save for rollback (ld.so.cache)
+JOURNAL_DIR = "/run/nvhook/journal"
+JOURNAL_WAIT = 60.0         # s to wait for another apply on the same rootfs to finish
 
 
 def umount_fd(mnt_fd: int) -> None:
@@ -134,10 +153,12 @@ def open_host(path: str, *, recursive: bool = False) -> tuple[int, os.stat_resul
 
 def set_attrs(tree_fd: int, attrs: int, recursive: bool = False) -> None:
     """Apply ro/nosuid/nodev/noexec to a (detached) mount before it becomes visible.
-    Unlike MS_BIND|MS_RDONLY, which silently ignores MS_RDONLY without a remount."""
-    if attrs:
-        native.mount_setattr(tree_fd, "", native.AT_EMPTY_PATH
-                             | (native.AT_RECURSIVE if recursive else 0), attrs)
+    Unlike MS_BIND|MS_RDONLY, which silently ignores MS_RDONLY without a remount.
+    Also private: a clone of a shared host mount is in its peer group, and must not be
+    (nothing mounted on it later may reach the host's)."""
+    native.mount_setattr(tree_fd, "", native.AT_EMPTY_PATH
+                         | (native.AT_RECURSIVE if recursive else 0), attrs,
+                         propagation=native.MS_PRIVATE)
 
 
 @dataclass
@@ -146,12 +167,114 @@ class _Entry:
     undo: Callable[[], None]
 
 
+class DiskJournal:
+    """The journal's write-ahead copy on the host, for what a killed apply leaves (a
+    runtime's hook timeout, serve-timeout): JSON lines in a root-only file
+    /run/nvhook/journal/<sha256 of the rootfs path>, locked (flock) while an apply
+    runs and removed when it ends, committed or rolled back. A file found unlocked
+    is what a killed apply did: `stale` holds its records, for RootFS.replay().
+    /run is a tmpfs: after a reboot nothing is replayed."""
+
+    def __init__(self, fd: int, dir_fd: int, name: str, stale: list[dict]):
+        self.fd, self.dir_fd, self.name, self.stale = fd, dir_fd, name, stale
+
+    @classmethod
+    def open(cls, rootfs: str, directory: str = JOURNAL_DIR,
+             wait: float = JOURNAL_WAIT) -> "DiskJournal":
+        """The journal of `rootfs` (a host path), locked; waits up to `wait` s for
+        another apply on the same rootfs."""
+        try:
+            os.makedirs(directory, 0o700, exist_ok=True)
+            dfd = atomic.open_dir(directory)
+        except OSError as e:
+            raise NvhookError(f"journal directory {directory}: {os.strerror(e.errno)}") from None
+        try:
+            st = os.fstat(dfd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise NvhookError(f"journal directory {directory} is writable by others than its owner")
+            name = hashlib.sha256(os.fsencode(os.path.abspath(rootfs))).hexdigest()[:40] + ".journal"
+            fd = cls._lock(dfd, name, time.monotonic() + wait, rootfs)
+        except BaseException:
+            os.close(dfd)
+            raise
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        stale = []
+        for line in b"".join(chunks).splitlines():
+            try:
+                stale.append(json.loads(line))
+            except ValueError:      # the line a kill cut short: its step never happened
+                break
+        return cls(fd, dfd, name, stale)
+
+    @staticmethod
+    def _lock(dfd: int, name: str, deadline: float, rootfs: str) -> int:
+        while True:
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=dfd)
+            except OSError as e:
+                raise NvhookError(f"journal for rootfs {rootfs}: {os.strerror(e.errno)}") from None
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        os.close(fd)
+                        raise NvhookError(f"another nvhook is still applying to rootfs {rootfs}") from None
+                    time.sleep(0.01)
+            # The apply we waited for removes its file when it ends: lock the one named.
+            mine = os.fstat(fd)
+            try:
+                now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                if not stat.S_ISREG(mine.st_mode):
+                    os.close(fd)
+                    raise NvhookError(f"journal for rootfs {rootfs} is not a regular file")
+                return fd
+            os.close(fd)
+
+    def restart(self) -> None:
+        """Replayed: start the file afresh for this apply's records."""
+        os.ftruncate(self.fd, 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        self.stale = []
+
+    def write(self, rec: dict) -> None:
+        data = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        while data:     # one write per record in practice (O_APPEND not needed: one writer)
+            data = data[os.write(self.fd, data):]
+
+    def done(self) -> None:
+        """The apply ended (committed, or fully rolled back): nothing to replay."""
+        try:
+            os.unlink(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        """Keep the file (what could not be undone is retried by the next apply)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            os.close(self.dir_fd)
+            self.fd = self.dir_fd = -1
+
+
 @dataclass
 class Journal:
-    """Undo log: entries are undone in reverse order; fds are kept until commit."""
+    """Undo log: entries are undone in reverse order; fds are kept until commit.
+    `disk`: the write-ahead copy (DiskJournal) of the steps that outlive a killed apply
+    (entries on the rootfs's own mount, and mounts), or None."""
     entries: list[_Entry] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)     # container paths, in order
     created: list[str] = field(default_factory=list)    # container paths, in order
+    mount_ids: set[int] = field(default_factory=set)    # mountinfo ids of our mounts
+    disk: DiskJournal | None = None
     _fds: list[int] = field(default_factory=list)
     generation: int = 0     # bumped by rollback/commit (RootFS drops its cached dirs)
 
@@ -162,6 +285,10 @@ class Journal:
     def add(self, what: str, undo: Callable[[], None]) -> None:
         self.entries.append(_Entry(what, undo))
 
+    def record(self, rec: dict) -> None:
+        if self.disk is not None:
+            self.disk.write(rec)
+
     def mount(self, path: str, mnt_fd: int) -> None:
         """mnt_fd is the root of the mount we attached; unmount through it (the
         mount itself, whatever happened to the path since)."""
@@ -170,13 +297,18 @@ class Journal:
         self.add(f"umount {path}", lambda: umount_fd(mnt_fd))
 
     def create(self, path: str, parent_fd: int, name: str, is_dir: bool,
-               st: os.stat_result | None = None) -> None:
+               st: os.stat_result | None = None, *, durable: bool = False,
+               alias: str | None = None) -> None:
         """An entry we made; undo removes it only while it is still the same inode
-        (something swapped in since is not ours to delete)."""
+        (something swapped in since is not ours to delete). durable: on the rootfs's
+        own mount, so it outlives the container: recorded on disk (`alias`: the temp
+        name it had before a rename, with the same identity)."""
         pfd = self.keep(os.dup(parent_fd))
         self.created.append(path)
         if st is None:
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        if durable:
+            self.record({"op": "create", "path": path, "alias": alias, **_identity(st)})
         ident = (st.st_dev, st.st_ino)
 
         def undo() -> None:
@@ -200,14 +332,21 @@ class Journal:
         self.entries.clear()
         self.mounts.clear()
         self.created.clear()
+        self.mount_ids.clear()
         self._close()
         self.generation += 1
+        if self.disk is not None:
+            self.disk.close() if errors else self.disk.done()
+            self.disk = None
         return errors
 
     def commit(self) -> None:
         self.entries.clear()
         self._close()
         self.generation += 1
+        if self.disk is not None:
+            self.disk.done()
+            self.disk = None
 
     def _close(self) -> None:
         for fd in self._fds:
@@ -218,10 +357,63 @@ class Journal:
         self._fds.clear()
 
 
+def _identity(st: os.stat_result) -> dict:
+    """What identifies an entry we made after a remount of the rootfs (an overlay's
+    st_dev changes): its inode number and type, and for files and symlinks (whose
+    mtime we never change after this) the mtime."""
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "link" if stat.S_ISLNK(st.st_mode) else "file"
+    return {"kind": kind, "ino": st.st_ino, "mtime": None if kind == "dir" else st.st_mtime_ns}
+
+
+def _matches(st: os.stat_result, rec: dict) -> bool:
+    return _identity(st) == {"kind": rec.get("kind"), "ino": rec.get("ino"), "mtime": rec.get("mtime")}
+
+
+def _entry(parent: int, name: str) -> tuple[int | None, os.stat_result | None]:
+    """(O_PATH fd, fstat) of the entry `name` itself (a symlink is not followed), or
+    (None, None): the one lookup every later step uses."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except FileNotFoundError:
+        return None, None
+    try:
+        return fd, os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _put_back(pfd: int, name: str, rec: dict, saved: bytes | str) -> None:
+    """Put a saved entry (rec: its kind, mode, owner, times) back at `name`, by rename."""
+    t = f".{name}.nvhook-undo-{os.urandom(4).hex()}"
+    if rec["kind"] == "link":
+        os.symlink(saved, t, dir_fd=pfd)
+    else:
+        f = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600, dir_fd=pfd)
+        try:
+            view = memoryview(saved)  # type: ignore[arg-type]
+            while view:
+                view = view[os.write(f, view):]
+            os.fchmod(f, rec["mode"])
+        finally:
+            os.close(f)
+    try:
+        os.chown(t, rec["uid"], rec["gid"], dir_fd=pfd, follow_symlinks=False)
+        os.utime(t, ns=(rec["atime"], rec["mtime"]), dir_fd=pfd, follow_symlinks=False)
+        os.rename(t, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+    except BaseException:
+        os.unlink(t, dir_fd=pfd)
+        raise
+
+
 class RootFS:
     """A container rootfs; all paths given to methods are container paths."""
 
-    def __init__(self, path: str, journal: Journal | None = None):
+    def __init__(self, path: str, journal: Journal | None = None, *, own_ns: bool = False):
+        """own_ns: we entered the container's own mount namespace (not the one we
+        started in), where the rootfs, /dev and /proc mounts are the container's: a
+        shared one among them is made a slave before anything is attached to it."""
         self.path = os.path.abspath(path)
         try:
             # The rootfs path itself is the runtime's (trusted); what is inside is not.
@@ -231,6 +423,18 @@ class RootFS:
         st = os.fstat(self.fd)
         self.uid, self.gid = st.st_uid, st.st_gid     # the container's owner
         self.journal = journal if journal is not None else Journal()
+        self.own_ns = own_ns
+        try:
+            self.mnt_id, self._root_is_mount = native.mount_id(self.fd)
+        except OSError as e:
+            os.close(self.fd)
+            raise NvhookError(f"rootfs {path}: cannot tell its mount (statx STATX_MNT_ID, "
+                              f"Linux >= 5.8): {os.strerror(e.errno)}") from None
+        # The runtime's own mounts at <rootfs>/dev and <rootfs>/proc: (mount id, fd of
+        # its root), looked up when first needed.
+        self._runtime: dict[str, tuple[int, int] | None] = {}
+        self._mounts: dict[int, mountinfo.Mount] = {}   # mountinfo, read when needed
+        self._unshared: set[int] = set()                 # mounts known not to be shared
         # Resolved directories (container path -> O_PATH fd), so many targets in one
         # directory resolve it once. An fd keeps naming the directory it resolved to
         # (inside the rootfs) whatever is renamed since; any directory mount clears
@@ -240,7 +444,116 @@ class RootFS:
 
     def close(self) -> None:
         self.forget_dirs()
+        for got in self._runtime.values():
+            if got is not None:
+                os.close(got[1])
+        self._runtime.clear()
         os.close(self.fd)
+
+    # -- which mount a path is on --------------------------------------------------
+    def _runtime_mount(self, name: str) -> tuple[int, int] | None:
+        """The mount the runtime made at <rootfs>/<name> ("dev", "proc"): reached from
+        the rootfs without any symlink and the root of a mount other than the
+        rootfs's; (its id, an fd of its root), or None."""
+        if name not in self._runtime:
+            got = None
+            try:
+                fd = openat2(self.fd, name, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
+                             native.RESOLVE_NO_SYMLINKS | native.RESOLVE_NO_MAGICLINKS
+                             | native.RESOLVE_BENEATH)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                mid, is_root = native.mount_id(fd)
+                want = native.PROC_SUPER_MAGIC if name == "proc" else native.TMPFS_MAGIC
+                if is_root and mid != self.mnt_id and fs_type(fd) == want:
+                    got = (mid, fd)
+                else:
+                    os.close(fd)
+            self._runtime[name] = got
+        return self._runtime[name]
+
+    def _mount(self, mid: int) -> mountinfo.Mount:
+        if mid not in self._mounts:
+            self._mounts = {m.id: m for m in mountinfo.read(proc_fd=proc_fd())}
+            if mid not in self._mounts:
+                raise NvhookError(f"mount {mid} is not in this namespace's mountinfo")
+        return self._mounts[mid]
+
+    def _dev_writable(self, path: str, mid: int) -> bool:
+        """An entry under /dev may be made in the runtime's /dev: a tmpfs of its own,
+        never a bind of the host's devtmpfs (privileged containers)."""
+        if not (path == "/dev" or path.startswith("/dev/")):
+            return False
+        dev = self._runtime_mount("dev")
+        return dev is not None and dev[0] == mid and self._mount(mid).fstype == "tmpfs"
+
+    def _check_create(self, dir_fd: int, path: str) -> bool:
+        """Refuse to create `path` in directory dir_fd unless that directory is on the
+        rootfs's own mount, a tmpfs of ours, or (under /dev) the runtime's /dev tmpfs:
+        never in a volume (an image symlink into one), whose files are a host
+        directory's. Returns whether it is on the rootfs's own mount (the entry then
+        outlives the container: the disk journal records it)."""
+        mid, _ = native.mount_id(dir_fd)
+        if mid == self.mnt_id:
+            return True
+        if mid in self.journal.mount_ids or self._dev_writable(path, mid):
+            return False
+        raise NvhookError(f"cannot create {path} in the rootfs: its directory is on another "
+                          "mount than the rootfs's (a volume?); refusing")
+
+    def _check_attach(self, target_fd: int, path: str, allow_proc: bool) -> None:
+        """A mount target must be on the rootfs's own mount (or the runtime's /dev for
+        /dev paths, its procfs for allow_proc, a tmpfs of ours), or be a mount stacked
+        on such a place (an earlier configure's); and the mount we attach onto must not
+        be shared."""
+        mid, is_root = native.mount_id(target_fd)
+        allowed = {self.mnt_id} | self.journal.mount_ids
+        for name, ok in (("dev", path == "/dev" or path.startswith("/dev/")), ("proc", allow_proc)):
+            got = self._runtime_mount(name) if ok else None
+            if got is not None:
+                allowed.add(got[0])
+        cur, root = mid, is_root
+        for _ in range(64):
+            if cur in allowed:
+                break
+            if not root:
+                raise NvhookError(f"mount target {path} in the rootfs is on another mount than "
+                                  "the rootfs's (a volume?); refusing")
+            m = self._mount(cur)
+            parent = self._mount(m.parent)
+            root = parent.mountpoint == m.mountpoint     # stacked on the parent's root too
+            cur = m.parent
+        else:
+            raise NvhookError(f"mount target {path} in the rootfs: too many stacked mounts")
+        self._not_shared(mid, target_fd, path)
+
+    def _not_shared(self, mid: int, fd: int, path: str) -> None:
+        """Whatever is attached to a shared mount is copied to its peers (the host's
+        mount of the rootfs, under Docker's rshared volumes or Kubernetes'
+        Bidirectional). In the container's own namespace its own mounts (rootfs, /dev,
+        /proc: the roots we know) become slaves: events still come in from the host,
+        none go out. Anything else shared is refused."""
+        if mid in self._unshared:
+            return
+        if any(o.startswith("shared:") for o in self._mount(mid).optional):
+            # an fd of that mount's root, if it is one of the container's own
+            roots = [(self.mnt_id, self.fd if self._root_is_mount else -1)]
+            roots += [got for got in (self._runtime_mount("dev"), self._runtime_mount("proc"))
+                      if got is not None]
+            own = next((rfd for m, rfd in roots if m == mid and rfd >= 0), -1)
+            if not self.own_ns or own < 0:
+                raise NvhookError(f"mount target {path} in the rootfs is on a shared mount: what "
+                                  "is mounted there would propagate to its peers (the host); "
+                                  "refusing (run in a private mount namespace)")
+            try:
+                native.mount_setattr(own, "", native.AT_EMPTY_PATH, 0,
+                                     propagation=native.MS_SLAVE)
+            except OSError as e:
+                raise NvhookError(f"cannot make the container's mount under {path} a slave: "
+                                  f"{os.strerror(e.errno)}") from None
+            self._mounts.clear()
+        self._unshared.add(mid)
 
     def forget_dirs(self) -> None:
         for fd in self._dirs.values():
@@ -364,6 +677,7 @@ class RootFS:
                 pass
             except NotADirectoryError:
                 raise NvhookError(f"cannot create {prefix} in the rootfs: not a directory") from None
+            durable = self._check_create(cur, prefix)
             try:
                 os.mkdir(name, mode, dir_fd=cur)
             except FileExistsError:
@@ -381,17 +695,25 @@ class RootFS:
                          native.RESOLVE_NO_SYMLINKS | native.RESOLVE_BENEATH)
             try:
                 st = os.fstat(fd)
-                self.journal.create(prefix, cur, name, True, st)
+                self.journal.create(prefix, cur, name, True, st, durable=durable)
                 self._own(fd, mode, st)
             finally:
                 os.close(fd)
         raise NvhookError(f"cannot create {prefix} in the rootfs: it keeps changing")
 
-    def _parent(self, path: str) -> tuple[int, str]:
+    def _parent(self, path: str) -> tuple[int, str, bool]:
+        """(fd of the directory of `path`, made if missing, the last component, whether
+        that directory is on the rootfs's own mount); refused unless we may create
+        entries there (_check_create)."""
         parts = split(path)
         if not parts:
             raise NvhookError("the rootfs itself cannot be a file")
-        return self.makedirs("/" + "/".join(parts[:-1])), parts[-1]
+        fd = self.makedirs("/" + "/".join(parts[:-1]))
+        try:
+            return fd, parts[-1], self._check_create(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def make_file(self, path: str, mode: int = 0o644) -> bool:
         """Create an empty regular file (mount target) unless something exists there.
@@ -404,7 +726,7 @@ class RootFS:
 
     def _create_file(self, path: str, mode: int = 0o644) -> int | None:
         """make_file, returning an fd of the new file (None if something was there)."""
-        parent, name = self._parent(path)
+        parent, name, durable = self._parent(path)
         try:
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -415,7 +737,7 @@ class RootFS:
                 raise NvhookError(f"cannot create {path} in the rootfs: {os.strerror(e.errno)}") from None
             try:
                 st = os.fstat(fd)
-                self.journal.create(path, parent, name, False, st)
+                self.journal.create(path, parent, name, False, st, durable=durable)
                 self._own(fd, mode, st)
             except BaseException:
                 os.close(fd)
@@ -429,50 +751,61 @@ class RootFS:
         existing entry (file or symlink) is replaced by rename on its parent dir, so a
         symlink is replaced, never written through. The old entry is restored on
         rollback."""
-        parent, name = self._parent(path)
+        parent, name, durable = self._parent(path)
+        old_fd = None
         try:
-            try:
-                old = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                old = None
+            old_fd, old = _entry(parent, name)
             if old is not None and not (stat.S_ISREG(old.st_mode) or stat.S_ISLNK(old.st_mode)):
                 raise NvhookError(f"cannot write {path} in the rootfs: it is a {_kind(old.st_mode)}")
             tmp = f".{name}.nvhook-{os.getpid()}-{os.urandom(4).hex()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600, dir_fd=parent)
             try:
-                os.write(fd, data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
                 self._own(fd, mode)
+                st = os.fstat(fd)
             except BaseException:
                 os.unlink(tmp, dir_fd=parent)
                 raise
             finally:
                 os.close(fd)
-            if old is None:
-                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-                self.journal.create(path, parent, name, False)
-            else:
-                self._replace(path, parent, name, tmp, old)
+            self._swap_in(path, parent, name, tmp, st, old_fd, old, durable)
         except OSError as e:
             raise NvhookError(f"cannot write {path} in the rootfs: {os.strerror(e.errno)}") from None
         finally:
+            if old_fd is not None:
+                os.close(old_fd)
             os.close(parent)
 
-    def _replace(self, path: str, parent: int, name: str, tmp: str, old: os.stat_result) -> None:
-        """rename tmp over name, keeping what was there for rollback."""
-        self._save(path, parent, name, old)
-        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    def _swap_in(self, path: str, parent: int, name: str, tmp: str, st: os.stat_result,
+                 old_fd: int | None, old: os.stat_result | None, durable: bool) -> None:
+        """rename our finished temp entry `tmp` (stat `st`) to `name`, keeping what was
+        there (old_fd: O_PATH of it) for rollback. Journaled before the rename, under
+        both names: a kill on either side of it leaves nothing the replay cannot find."""
+        try:
+            self.journal.create(path, parent, name, False, st, durable=durable, alias=tmp)
+            if old is not None:
+                self._save(path, parent, name, old_fd, old, durable)  # type: ignore[arg-type]
+            os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=parent)
+            except OSError:
+                pass
+            raise
 
     def preserve(self, path: str) -> None:
         """Journal the current state of an entry something else will rewrite (the
         image's /etc/ld.so.cache before ldconfig), so rollback puts it back."""
-        parent, name = self._parent(path)
+        parent, name, durable = self._parent(path)
+        fd = None
         try:
-            try:
-                old = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                old = None
+            fd, old = _entry(parent, name)
             if old is None:
+                if durable:
+                    self.journal.record({"op": "absent", "path": path})
                 pfd = self.journal.keep(os.dup(parent))
 
                 def remove() -> None:
@@ -482,57 +815,78 @@ class RootFS:
                         pass
                 self.journal.add(f"remove {path}", remove)
             elif stat.S_ISREG(old.st_mode) or stat.S_ISLNK(old.st_mode):
-                self._save(path, parent, name, old)
+                self._save(path, parent, name, fd, old, durable)  # type: ignore[arg-type]
         finally:
+            if fd is not None:
+                os.close(fd)
             os.close(parent)
 
-    def _save(self, path: str, parent: int, name: str, old: os.stat_result) -> None:
+    def _save(self, path: str, parent: int, name: str, fd: int, old: os.stat_result,
+              durable: bool) -> None:
+        """Keep the entry `fd` (O_PATH, not following a symlink; `old` its fstat) for
+        rollback. Never opened by name: a regular file is read through /proc/self/fd of
+        that very inode, so a device node swapped in after the check is never opened."""
         if stat.S_ISLNK(old.st_mode):
-            saved: tuple[str, bytes | str] = ("link", os.readlink(name, dir_fd=parent))
-        else:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent)
+            saved: bytes | str = os.readlink("", dir_fd=fd)
+        elif stat.S_ISREG(old.st_mode):
+            if old.st_size > SAVE_LIMIT:
+                raise NvhookError(f"cannot save {path} in the rootfs for rollback: larger than "
+                                  f"{SAVE_LIMIT} bytes")
+            rfd = os.open(f"self/fd/{fd}", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC,
+                          dir_fd=proc_fd())
             try:
-                saved = ("file", os.read(fd, 1 << 24))
+                now = os.fstat(rfd)
+                if (now.st_dev, now.st_ino) != (old.st_dev, old.st_ino):   # never: same inode
+                    raise NvhookError(f"{path} in the rootfs changed while saving it")
+                chunks, size = [], 0
+                while size <= SAVE_LIMIT and (chunk := os.read(rfd, 1 << 20)):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                saved = b"".join(chunks)[:SAVE_LIMIT]
             finally:
-                os.close(fd)
+                os.close(rfd)
+        else:
+            raise NvhookError(f"cannot save {path} in the rootfs: it is a {_kind(old.st_mode)}")
+        rec = {"op": "save", "path": path, "kind": "link" if isinstance(saved, str) else "file",
+               "mode": stat.S_IMODE(old.st_mode), "uid": old.st_uid, "gid": old.st_gid,
+               "atime": old.st_atime_ns, "mtime": old.st_mtime_ns, "ino": old.st_ino}
+        if durable:
+            self.journal.record({**rec, "data": saved if isinstance(saved, str)
+                                 else base64.b64encode(saved).decode()})
         pfd = self.journal.keep(os.dup(parent))
-
-        def restore() -> None:
-            t = f".{name}.nvhook-undo-{os.urandom(4).hex()}"
-            if saved[0] == "link":
-                os.symlink(saved[1], t, dir_fd=pfd)
-            else:
-                f = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                            0o600, dir_fd=pfd)
-                try:
-                    os.write(f, saved[1])  # type: ignore[arg-type]
-                    os.fchmod(f, stat.S_IMODE(old.st_mode))
-                finally:
-                    os.close(f)
-            os.chown(t, old.st_uid, old.st_gid, dir_fd=pfd, follow_symlinks=False)
-            os.rename(t, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        self.journal.add(f"restore {path}", restore)
+        self.journal.add(f"restore {path}", lambda: _put_back(pfd, name, rec, saved))
 
     def symlink(self, target: str, path: str) -> bool:
         """Make symlink `path` -> `target` (symlinkat on the resolved parent; the link
         itself is never followed). Same link already there: nothing to do; another
         symlink: replaced (restored on rollback); anything else: left alone.
         Returns True if the image changed."""
-        parent, name = self._parent(path)
+        parent, name, durable = self._parent(path)
         try:
             try:
                 os.symlink(target, name, dir_fd=parent)
             except FileExistsError:
-                old = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                if not stat.S_ISLNK(old.st_mode) or os.readlink(name, dir_fd=parent) == target:
-                    return False
-                tmp = f".{name}.nvhook-{os.getpid()}-{os.urandom(4).hex()}"
-                os.symlink(target, tmp, dir_fd=parent)
-                os.chown(tmp, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
-                self._replace(path, parent, name, tmp, old)
-                return True
+                fd, old = _entry(parent, name)
+                if fd is None or old is None:
+                    raise NvhookError(f"cannot create symlink {path} in the rootfs: "
+                                      "it keeps changing") from None
+                try:
+                    if not stat.S_ISLNK(old.st_mode) or os.readlink("", dir_fd=fd) == target:
+                        return False
+                    tmp = f".{name}.nvhook-{os.getpid()}-{os.urandom(4).hex()}"
+                    os.symlink(target, tmp, dir_fd=parent)
+                    try:
+                        os.chown(tmp, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
+                        st = os.stat(tmp, dir_fd=parent, follow_symlinks=False)
+                    except BaseException:
+                        os.unlink(tmp, dir_fd=parent)
+                        raise
+                    self._swap_in(path, parent, name, tmp, st, fd, old, durable)
+                    return True
+                finally:
+                    os.close(fd)
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            self.journal.create(path, parent, name, False, st)
+            self.journal.create(path, parent, name, False, st, durable=durable)
             if (st.st_uid, st.st_gid) != (self.uid, self.gid):
                 os.chown(name, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
             return True
@@ -540,6 +894,79 @@ class RootFS:
             raise NvhookError(f"cannot create symlink {path} in the rootfs: {os.strerror(e.errno)}") from None
         finally:
             os.close(parent)
+
+    # -- replaying what a killed apply left ----------------------------------------
+    def replay(self, records: list[dict]) -> list[str]:
+        """Undo what a killed apply recorded (DiskJournal.stale), newest first, in the
+        rootfs as it is now: an entry is removed only while it is still the one
+        recorded (inode, type, mtime) and only on the rootfs's own mount; a saved file
+        is put back unless the original is still there; a mount is detached only if its
+        root is the recorded source. Returns what could not be undone."""
+        left = []
+        for rec in reversed(records):
+            try:
+                self._replay(rec)
+            except (OSError, NvhookError, KeyError, TypeError, ValueError) as e:
+                why = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
+                left.append(f"{rec.get('op')} {rec.get('path')}: {why}")
+        self.forget_dirs()
+        return left
+
+    def _replay(self, rec: dict) -> None:
+        op, path = rec.get("op"), rec.get("path")
+        if not isinstance(path, str):
+            return
+        if op == "mount":
+            for _ in range(8):      # one per mount stacked there with that root
+                try:
+                    fd = self.resolve(path)
+                except OSError:
+                    return
+                try:
+                    st = os.fstat(fd)
+                    if not native.mount_id(fd)[1] or (st.st_dev, st.st_ino) != (rec["dev"], rec["ino"]):
+                        return
+                    umount_fd(fd)
+                finally:
+                    os.close(fd)
+            return
+        parts = split(path)
+        if not parts:
+            return
+        try:
+            pfd = openat2(self.fd, "/".join(parts[:-1]) or ".",
+                          os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, RESOLVE)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            if native.mount_id(pfd)[0] != self.mnt_id:     # not the rootfs's: not ours
+                return
+            name = parts[-1]
+            if op == "create":
+                for n in (name, rec.get("alias")):
+                    if not n or "/" in n or n in (".", ".."):
+                        continue
+                    try:
+                        st = os.stat(n, dir_fd=pfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if _matches(st, rec):
+                        os.rmdir(n, dir_fd=pfd) if rec["kind"] == "dir" else os.unlink(n, dir_fd=pfd)
+            elif op in ("absent", "save"):
+                try:
+                    st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                if op == "absent":
+                    if st is not None and stat.S_ISREG(st.st_mode):
+                        os.unlink(name, dir_fd=pfd)
+                    return
+                if st is not None and (st.st_ino, st.st_mtime_ns) == (rec["ino"], rec["mtime"]):
+                    return      # the original is still there
+                data = rec["data"] if rec["kind"] == "link" else base64.b64decode(rec["data"])
+                _put_back(pfd, name, rec, data)
+        finally:
+            os.close(pfd)
 
     # -- mounts --------------------------------------------------------------------
     def target(self, path: str, *, is_dir: bool, also: int = 0, allow_proc: bool = False) -> int:
@@ -575,14 +1002,20 @@ class RootFS:
             raise
         return fd
 
-    def attach(self, tree_fd: int, path: str, target_fd: int) -> None:
-        """move_mount a detached tree onto a resolved target fd; journaled."""
+    def attach(self, tree_fd: int, path: str, target_fd: int, *, allow_proc: bool = False) -> None:
+        """move_mount a detached tree onto a resolved target fd (checked first: the
+        rootfs's own mount, never shared; _check_attach); journaled."""
+        self._check_attach(target_fd, path, allow_proc)
+        if not self.own_ns:     # in the container's namespace, mounts die with it
+            st = os.fstat(tree_fd)
+            self.journal.record({"op": "mount", "path": path, "dev": st.st_dev, "ino": st.st_ino})
         try:
             native.move_mount(tree_fd, "", target_fd, "",
                               native.MOVE_MOUNT_F_EMPTY_PATH | native.MOVE_MOUNT_T_EMPTY_PATH)
         except OSError as e:
             raise NvhookError(f"cannot mount {path}: {os.strerror(e.errno)}") from None
         self.journal.mount(path, tree_fd)
+        self.journal.mount_ids.add(native.mount_id(tree_fd)[0])
         if self._dirs and stat.S_ISDIR(os.fstat(target_fd).st_mode):
             self.forget_dirs()
 
@@ -665,7 +1098,7 @@ class RootFS:
             own_target = target_fd is None
             tfd = self.target(path, is_dir=True, allow_proc=allow_proc) if own_target else target_fd
             try:
-                self.attach(mfd, path, tfd)
+                self.attach(mfd, path, tfd, allow_proc=allow_proc)
             finally:
                 if own_target:
                     os.close(tfd)

@@ -163,6 +163,27 @@ def fstatfs_type(fd: int) -> int:
     return _check(lib.nv_fstatfs_type(fd), "fstatfs")
 
 
+def mount_id(fd: int) -> tuple[int, bool]:
+    """(mount id as /proc/PID/mountinfo numbers it, whether fd is that mount's root)
+    of the file fd refers to (O_PATH fds too; a symlink fd is not followed)."""
+    mid = ffi.new("unsigned long long *")
+    root = ffi.new("int *")
+    _check(lib.nv_mount_id(fd, mid, root), "statx")
+    return int(mid[0]), bool(root[0])
+
+
+def join_session_keyring() -> int:
+    """Join a new anonymous session keyring (keyctl KEYCTL_JOIN_SESSION_KEYRING, NULL):
+    nothing keyed in the caller's session is reachable afterwards. Returns its id."""
+    return _check(lib.nv_join_session_keyring(), "keyctl")
+
+
+def seccomp_ldconfig() -> None:
+    """Install the ldconfig sandbox's seccomp deny-list (csrc/native.c) on this thread
+    and what it execs; needs no_new_privs set first."""
+    _check(lib.nv_seccomp_ldconfig(), "seccomp")
+
+
 def bpf_prog_load(prog_type: int, insns: bytes, license: str = "GPL") -> int:
     """Load a program from raw 8-byte instructions; the verifier log is in the error."""
     buf = ffi.new("char[]", insns)
