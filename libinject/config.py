@@ -21,7 +21,9 @@ wrong type is an error naming the key and the file.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
@@ -30,6 +32,14 @@ from libinject.errors import NvhookError
 
 CONFIG_REL = "nvidia-container-runtime/config.toml"
 MAX_CONFIG_BYTES = 1 << 20
+MAX_SECONDS = 3600.0                # a timeout longer than an hour is a hang by another name
+# Keys that are timeouts: a finite number of seconds, > 0 and <= MAX_SECONDS.
+SECONDS_KEYS = frozenset({"nvhook.nvml-timeout", "nvhook.serve-timeout"})
+# tomllib takes time quadratic in a dotted key's parts (a.a.a...: 50000 parts, 40 s);
+# NVIDIA's deepest key has 4. Counted on the text with strings and comments blanked.
+MAX_KEY_DOTS = 32
+_TOML_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+|[^"\'#]++')
+_TOML_KEY_RUN = re.compile(r'[A-Za-z0-9_\-" \t.]+')
 
 
 @dataclass(frozen=True)
@@ -217,15 +227,48 @@ def parse(data: bytes | str, source: str = "<config>") -> Config:
 
     try:
         text = data.decode() if isinstance(data, bytes) else data
+        if _deep_key(text):
+            raise NvhookError(f"{source}: invalid TOML: a key with more than {MAX_KEY_DOTS} dotted parts")
         table = tomllib.loads(text)
     except UnicodeDecodeError:
         raise NvhookError(f"{source}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise NvhookError(f"{source}: invalid TOML: {e}") from None
+    except RecursionError:  # arrays or inline tables nested hundreds deep
+        raise NvhookError(f"{source}: invalid TOML: nested too deeply") from None
+    except ValueError as e:  # tomllib's int() of a number with thousands of digits
+        raise NvhookError(f"{source}: invalid TOML: {_show(str(e))}") from None
     cfg = _build(Config, table, source, "")
     cfg = _resolve_paths(replace(cfg, source=source))
     cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
     return cfg
+
+
+def _deep_key(text: str) -> bool:
+    """Whether a run of key characters (strings as "", comments dropped) holds
+    MAX_KEY_DOTS dots: a dotted key that deep. Linear: each token is consumed once."""
+    clean = "".join('""' if t[0] in "\"'" else "" if t[0] == "#" else t for t in _TOML_TOKEN.findall(text))
+    return any(m.group().count(".") >= MAX_KEY_DOTS for m in _TOML_KEY_RUN.finditer(clean))
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """A value for an error line, cut short (a config value may be a megabyte)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        text = "a huge number"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_seconds(value: object, where: str) -> float:
+    """A timeout: a finite number > 0 and <= MAX_SECONDS (inf, nan, 1e308, 0 and negative
+    values are refused); NvhookError naming `where` otherwise."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+          and 0 < value <= MAX_SECONDS)        # False for nan
+    if not ok:
+        raise NvhookError(f"{where}: expected a number of seconds > 0 and <= {MAX_SECONDS:g}, "
+                          f"got {_show(value)}")
+    return float(value)
 
 
 def _resolve_paths(cfg: Config) -> Config:
@@ -262,7 +305,7 @@ def _build(cls: type, table: dict[str, object], source: str, prefix: str):
 
 def _convert(tp: object, value: object, source: str, where: str) -> object:
     def bad(expected: str) -> NvhookError:
-        return NvhookError(f"{source}: {where}: expected {expected}, got {type(value).__name__} {value!r}")
+        return NvhookError(f"{source}: {where}: expected {expected}, got {type(value).__name__} {_show(value)}")
 
     if is_dataclass(tp):
         if not isinstance(value, dict):
@@ -275,17 +318,26 @@ def _convert(tp: object, value: object, source: str, where: str) -> object:
     if tp == "str":
         if not isinstance(value, str):
             raise bad("a string")
+        if "\0" in value:      # TOML's \u0000: no path, name or level holds one
+            raise bad("a string without NUL characters")
         return value
     if tp == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number")
-        return float(value)
+        if where in SECONDS_KEYS:
+            return check_seconds(value, f"{source}: {where}")
+        try:
+            if math.isfinite(float(value)):
+                return float(value)
+        except OverflowError:   # an int past float's range
+            pass
+        raise bad("a finite number")
     if tp == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("an integer")
         return value
     if tp == "tuple[str, ...]":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad("a list of strings")
+        if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
+            raise bad("a list of strings (without NUL characters)")
         return tuple(value)
     raise AssertionError(f"config type {tp} not handled")  # a bug in the dataclasses above

@@ -52,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
     request = cli_flags.build(args)
     if not os.path.isdir(rootfs):
         raise NvhookError(f"invalid rootfs directory: {rootfs}")
+    try:    # the host's root by another name ("/tmp/link-to-root", "/tmp/x/.." with x -> /)
+        is_root = os.path.samefile(rootfs, "/")
+    except OSError:
+        is_root = False     # gone since: the applier reports it
+    if is_root:
+        raise NvhookError("input error: invalid rootfs directory")
     cfg = config.load(args.config)
     options = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
 

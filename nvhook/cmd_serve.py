@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout is not None else cfg.nvhook.serve_timeout
     if not path or not os.path.isabs(path):
         raise NvhookError(f"socket path must be absolute: {path!r}")
-    if timeout <= 0:
-        raise NvhookError(f"timeout must be positive: {timeout:g}")
+    if args.timeout is not None:    # the config's serve-timeout was checked when parsed
+        timeout = config_mod.check_seconds(args.timeout, "--timeout")
     if os.geteuid() != 0:
         raise NvhookError("nvhook serve must run as root (the hook does)")
     server = Server(path, timeout=timeout, log_fd=os.dup(2), verbose=args.verbose)

@@ -47,6 +47,11 @@ TABLE = [
     # the unprivileged-envvar setting
     (spec("NVIDIA_VISIBLE_DEVICES=1"), STRICT, None),
     (spec("NVIDIA_VISIBLE_DEVICES=1", caps=PRIV), STRICT, "1"),
+    # ... for CDI annotations too; volume mounts (an orchestrator's grant) are exempt
+    (spec(annotations={"cdi.k8s.io/x": f"{KIND}=1"}), STRICT, None),
+    (spec(annotations={"cdi.k8s.io/x": f"{KIND}=1"}, caps=PRIV), STRICT, "1"),
+    (spec("NVIDIA_VISIBLE_DEVICES=0", mounts=[vol("3")]), MOUNTS + STRICT, "3"),
+    (spec("NVIDIA_VISIBLE_DEVICES=0"), MOUNTS + STRICT, None),
     # legacy CUDA_VERSION images: unset means all, set means what it says
     (spec("CUDA_VERSION=10.0.130"), "", "all"),
     (spec("CUDA_VERSION=10.0.130", "NVIDIA_VISIBLE_DEVICES=2"), "", "2"),

@@ -397,19 +397,35 @@ def load_file(path: str) -> dict[str, Any]:
     from libinject.linux.files import read_bounded
 
     data = read_bounded(path, MAX_SPEC_BYTES, "CDI spec")
-    try:
-        if format_of(path, "yaml") == "json":
-            obj = json.loads(data)
-        else:
-            import yaml
+    if format_of(path, "yaml") == "json":
+        from libinject.request.oci_state import loads_json
 
-            obj = yaml.safe_load(data)
-    except Exception as e:  # json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError
-        msg = str(e).replace("\n", " ")
-        raise NvhookError(f"CDI spec {path} does not parse: {msg}") from None
+        obj = loads_json(data, f"CDI spec {path}")
+    else:
+        obj = _load_yaml(data, path)
     if not isinstance(obj, dict):
         raise NvhookError(f"CDI spec {path} is not a mapping")
     return obj
+
+
+def _load_yaml(data: bytes, path: str) -> Any:
+    """YAML without aliases (an alias bomb expands exponentially in whatever walks the
+    result; CDI specs have no use for them) and without deep nesting."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases are not supported")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(data, Loader=Loader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise NvhookError(f"CDI spec {path} is nested too deeply") from None
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as e:
+        msg = str(e).replace("\n", " ")
+        raise NvhookError(f"CDI spec {path} does not parse: {msg}") from None
 
 
 # --- spec dirs and resolution ------------------------------------------------------------

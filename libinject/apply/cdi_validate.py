@@ -77,7 +77,7 @@ def _env(env: Any, where: str, out: list[str]) -> None:
         return  # the schema reports it
     for i, v in enumerate(env):
         if not isinstance(v, str) or v.find("=") <= 0:
-            out.append(f"{where}/env/{i}: invalid environment variable {v!r} (want NAME=value)")
+            out.append(f"{where}/env/{i}: invalid environment variable {repr(v)[:80]} (want NAME=value)")
 
 
 def _edits(e: Any, where: str, out: list[str]) -> None:

@@ -30,6 +30,7 @@ from libinject.discover.model import DriverInfo, Gpu
 _OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
 _OP_CHARS = "<>=!"
 _UINTMAX = 2**64 - 1
+_UINTMAX_DIGITS = len(str(_UINTMAX))   # more significant digits overflow strtoumax
 _CUDA_GE = "cuda>="
 _CUDA_HINT = ", please update your driver to a newer version, or use an earlier cuda container"
 
@@ -58,9 +59,12 @@ def facts_for(info: DriverInfo, gpu: Gpu | None) -> Facts:
 def _strtoumax(s: str) -> tuple[int, str]:
     """Leading digits as an int and the rest; raise if none or on overflow (UINTMAX_MAX)."""
     i = 0
-    while i < len(s) and s[i].isdigit():
+    while i < len(s) and s[i] in "0123456789":      # ASCII only, as C's isdigit
         i += 1
     if i == 0:
+        raise InvalidExpression(s)
+    # Overflow (ERANGE) before int(): int() of thousands of digits raises ValueError.
+    if len(s[:i].lstrip("0")) > _UINTMAX_DIGITS:
         raise InvalidExpression(s)
     n = int(s[:i])
     if n >= _UINTMAX:

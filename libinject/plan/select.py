@@ -19,8 +19,22 @@ from libinject.errors import NvhookError
 from libinject.discover.model import DeviceNode, Driver, DriverInfo, Gpu, MigDevice
 
 _PCI = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.0")
-_MIG_INDEX = re.compile(r"(\d+):(\d+)", re.ASCII)
+_MIG_INDEX = re.compile(r"([0-9]+):([0-9]+)")
 NOTHING = ("none", "void", "")
+_MAX_INDEX_DIGITS = 9       # past any real index; int() of thousands of digits raises
+
+
+def _number(text: str) -> int | None:
+    """An index or channel number: ASCII digits only ("²" and "١" are digits to
+    str.isdigit() and int()), short enough to convert; None otherwise."""
+    if text.isascii() and text.isdigit() and len(text.lstrip("0")) <= _MAX_INDEX_DIGITS:
+        return int(text)
+    return None
+
+
+def _show(dev: str) -> str:
+    """An id for an error line: a container's value may be megabytes long."""
+    return dev if len(dev) <= 64 else dev[:64] + "..."
 
 
 @dataclass(frozen=True)
@@ -40,8 +54,9 @@ def _gpu(info: DriverInfo, dev: str) -> Gpu | None:
         for g in info.gpus:
             if g.bus_id.lower().startswith(busid):
                 return g
-    if dev.isascii() and dev.isdigit() and int(dev) < len(info.gpus):
-        return info.gpus[int(dev)]
+    n = _number(dev)
+    if n is not None and n < len(info.gpus):
+        return info.gpus[n]
     return None
 
 
@@ -52,8 +67,8 @@ def _mig(info: DriverInfo, dev: str) -> tuple[Gpu, MigDevice] | None:
                 if m.uuid.lower() == dev.lower():
                     return g, m
     m = _MIG_INDEX.fullmatch(dev)
-    if m:
-        i, j = int(m[1]), int(m[2])
+    i, j = (_number(m[1]), _number(m[2])) if m else (None, None)
+    if i is not None and j is not None:
         if i < len(info.gpus) and j < len(info.gpus[i].mig_devices):
             return info.gpus[i], info.gpus[i].mig_devices[j]
     return None
@@ -96,7 +111,7 @@ def select(info: DriverInfo, ids: str | None) -> list[Selected]:
         if gm is not None:
             add(*gm)
             continue
-        raise NvhookError(f"unknown device: {dev}")
+        raise NvhookError(f"unknown device: {_show(dev)}")
     return out
 
 
@@ -122,9 +137,9 @@ def mig_caps_gpus(ids: str | None, devices: str | None, selected: list[Selected]
     ("only 'all'"), as is "all" with specific MIG devices selected but not every device."""
     for t in tokens(ids):
         if t.lower() != "all":
-            raise NvhookError(f"{kind} error: {t}: only 'all' devices are currently supported")
+            raise NvhookError(f"{kind} error: {_show(t)}: only 'all' devices are currently supported")
         if migs_of(selected) and not selects_all(devices):
-            raise NvhookError(f"{kind} error: {t}: cannot enable {kind} with specific MIG devices selected")
+            raise NvhookError(f"{kind} error: {_show(t)}: cannot enable {kind} with specific MIG devices selected")
         return [g for g in gpus_of(selected) if g.mig_capable]
     return []
 
@@ -138,12 +153,12 @@ def imex_channels(driver: Driver, ids: str | None) -> list[DeviceNode]:
             continue
         if t.lower() == "all":
             wanted = sorted(by_id)
-        elif t.isascii() and t.isdigit():
-            if int(t) not in by_id:
-                raise NvhookError(f"unknown IMEX channel: {t}")
-            wanted = [int(t)]
+        elif (n := _number(t)) is not None:
+            if n not in by_id:
+                raise NvhookError(f"unknown IMEX channel: {_show(t)}")
+            wanted = [n]
         else:
-            raise NvhookError(f"invalid IMEX channel: {t}")
+            raise NvhookError(f"invalid IMEX channel: {_show(t)}")
         for n in wanted:
             if by_id[n] not in out:
                 out.append(by_id[n])

@@ -7,9 +7,11 @@ libraries or binaries); --require repeatable; @PATH for --ldconfig = a host path
 from __future__ import annotations
 
 import argparse
+import posixpath
 
 from libinject.errors import NvhookError
 from libinject.request.model import Request
+from libinject.request.oci_state import PID_MAX
 
 CAPABILITY_FLAGS = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 COMPAT_MODES = ("mount", "ldconfig", "disabled")
@@ -23,7 +25,11 @@ def _join(values: list[str] | None) -> str | None:
 
 
 def check_rootfs(rootfs: str) -> str:
-    if not rootfs.startswith("/") or rootfs.rstrip("/") == "":
+    """An absolute rootfs that is not the host's root however it is spelled ("/.",
+    "/tmp/..", "//"): normalized first, then "/" refused. (A symlink to "/" is the
+    caller's to refuse: this is pure.)"""
+    norm = posixpath.normpath(rootfs) if rootfs.startswith("/") else ""
+    if not norm or norm.strip("/") == "":   # normpath keeps a leading "//"
         raise NvhookError("input error: invalid rootfs directory")
     return rootfs
 
@@ -31,13 +37,11 @@ def check_rootfs(rootfs: str) -> str:
 def check_pid(pid: str | int | None) -> int | None:
     if pid is None:
         return None
-    try:
-        n = int(pid)
-    except (TypeError, ValueError):
-        raise NvhookError(f"input error: invalid pid: {pid}") from None
-    if n <= 0:
-        raise NvhookError(f"input error: invalid pid: {pid}")
-    return n
+    # ASCII digits only: int() also takes "١٢" and " +5", and raises past 4300 digits.
+    text = str(pid)
+    if not (text.isascii() and text.isdigit() and len(text) <= 10) or not 0 < int(text) <= PID_MAX:
+        raise NvhookError(f"input error: invalid pid: {text[:20]}")
+    return int(text)
 
 
 def build(args: argparse.Namespace) -> Request:

@@ -10,9 +10,9 @@ from the same spec.
   CDI annotations with a configured prefix (`cdi.k8s.io/*: nvidia.com/gpu=1`; the hook
   takes the names of the default kind, the shim's cdi mode all of them; the
   annotation-gated hooks.d config relies on it); the swarm-resource variables if the image
-  sets any of them, else NVIDIA_VISIBLE_DEVICES. Whatever the source, an unprivileged
-  container's request is ignored unless accept-nvidia-visible-devices-envvar-when-unprivileged
-  (default true).
+  sets any of them, else NVIDIA_VISIBLE_DEVICES. An unprivileged container's own request
+  (env or CDI annotations) is ignored unless accept-nvidia-visible-devices-envvar-when-unprivileged
+  (default true); volume mounts are exempt, as in NVIDIA's hook (an orchestrator's grant).
   void / empty / unset -> not a GPU container (None); with a legacy CUDA_VERSION image,
   unset means all. Among several values void > none > all > a list.
 - capabilities: unset -> utility,compute; `all` -> every supported; a legacy image with
@@ -21,6 +21,9 @@ from the same spec.
   cuda>=MAJOR.MINOR for a legacy image; none when disabled (config or NVIDIA_DISABLE_REQUIRE).
 - MIG config/monitor and IMEX channels: privileged containers only (CAP_SYS_ADMIN in the
   bounding set).
+Every value is read through libinject.request.oci_state.field, so a field of the wrong
+JSON type is an NvhookError naming it, never a TypeError (load_config checked the file
+already; specs built in memory get the same check here).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Any
 
 from libinject.errors import NvhookError
 from libinject.request.model import Request
+from libinject.request.oci_state import field
 
 from libinject.constants import ALL_CAPABILITIES, DEFAULT_CAPABILITIES  # noqa: F401 (re-exported)
 
@@ -48,15 +52,21 @@ CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 # Go's strconv.ParseBool, which NVIDIA uses for NVIDIA_DISABLE_REQUIRE.
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 # Go's semver as NVIDIA applies it to CUDA_VERSION: vMAJOR[.MINOR[.PATCH]][-pre][+build]
-_SEMVER = re.compile(r"^v?(0|[1-9]\d*)(?:\.(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?)?"
-                     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+# ASCII digits only, as Go's: \d would also take "١٢".
+_SEMVER = re.compile(r"v?(0|[1-9]\d*)(?:\.(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?)?"
+                     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?", re.ASCII)
+
+
+def _show(value: str, limit: int = 64) -> str:
+    """value for an error line: a container's value may be megabytes long."""
+    return value if len(value) <= limit else value[:limit] + "..."
 
 
 def container_env(spec: dict[str, Any]) -> dict[str, str]:
     """process.env as a dict (a later entry wins, as in NVIDIA's hook)."""
     env: dict[str, str] = {}
-    for item in (spec.get("process") or {}).get("env") or ():
-        if isinstance(item, str) and "=" in item:
+    for item in field(spec, "process.env", "strings") or ():
+        if "=" in item:
             k, v = item.split("=", 1)
             env[k] = v
     return env
@@ -64,11 +74,11 @@ def container_env(spec: dict[str, Any]) -> dict[str, str]:
 
 def is_privileged(spec: dict[str, Any]) -> bool:
     """CAP_SYS_ADMIN in the bounding set (a bare list for pre-rc5 specs)."""
-    caps = (spec.get("process") or {}).get("capabilities")
+    caps = field(spec, "process.capabilities", "strings|object")
     if isinstance(caps, list):
         return CAP_SYS_ADMIN in caps
     if isinstance(caps, dict):
-        return CAP_SYS_ADMIN in (caps.get("bounding") or ())
+        return CAP_SYS_ADMIN in (field(caps, "bounding", "strings", prefix="process.capabilities") or ())
     return False
 
 
@@ -145,10 +155,14 @@ def _requested(spec, env, config, privileged, say) -> tuple[tuple[str, ...], str
     found = _requested_any(spec, env, config, say)
     if found is None:
         return None
-    # NVIDIA's rule, for every source (volume mounts, annotations, env): an unprivileged
-    # container gets devices only when the config accepts its request.
-    if not privileged and not config.accept_nvidia_visible_devices_envvar_when_unprivileged:
-        say(f"ignoring the devices requested by {found[1]} in an unprivileged container "
+    # What the container wrote itself (its env, its annotations) counts for an unprivileged
+    # container only when the config accepts it. Volume mounts are exempt, as in NVIDIA's
+    # hook: they are the way an orchestrator (the device plugin's volume-mounts strategy)
+    # grants devices when container-chosen requests are not accepted.
+    if (found[1] != "mounts" and not privileged
+            and not config.accept_nvidia_visible_devices_envvar_when_unprivileged):
+        what = "CDI annotations" if found[1] == "annotations" else "NVIDIA_VISIBLE_DEVICES"
+        say(f"ignoring {what} in an unprivileged container "
             "(accept-nvidia-visible-devices-envvar-when-unprivileged = false)")
         return None
     return found
@@ -156,11 +170,11 @@ def _requested(spec, env, config, privileged, say) -> tuple[tuple[str, ...], str
 
 def _requested_any(spec, env, config, say) -> tuple[tuple[str, ...], str] | None:
     if config.accept_nvidia_visible_devices_as_volume_mounts:
-        found = devices_from_mounts(spec.get("mounts") or ())
+        found = devices_from_mounts(field(spec, "mounts", "objects") or ())
         if found:
             say(f"devices from volume mounts: {','.join(found)}")
             return _listed(found, "mounts")
-    found = annotation_devices(spec.get("annotations"), config)
+    found = annotation_devices(field(spec, "annotations", "string_map"), config)
     if found:
         say(f"devices from CDI annotations: {','.join(found)}")
         return tuple(found), "annotations"
@@ -196,12 +210,11 @@ def _special(tokens: list[str]) -> str | None:
 def devices_from_mounts(mounts) -> list[str]:
     """Device ids from `/dev/null` mounted at /var/run/nvidia-container-devices/<id>."""
     out: list[str] = []
-    for m in mounts:
-        if not isinstance(m, dict) or not isinstance(m.get("source"), str):
+    for i, m in enumerate(mounts):
+        source = field(m, "source", "string", prefix=f"mounts[{i}]")
+        if source is None or posixpath.normpath(source) != "/dev/null":
             continue
-        if posixpath.normpath(m["source"]) != "/dev/null":
-            continue
-        dest = posixpath.normpath(str(m.get("destination", "")))
+        dest = posixpath.normpath(field(m, "destination", "string", prefix=f"mounts[{i}]") or "")
         if not dest.startswith(DEVICES_ROOT):
             continue
         dev = dest[len(DEVICES_ROOT):].lstrip("/")
@@ -247,7 +260,7 @@ def _capabilities(env: dict[str, str], config, legacy: bool) -> frozenset[str]:
     unknown = asked - supported
     if unknown:
         raise NvhookError(
-            f"unsupported capabilities found in {CAPS}={value} "
+            f"unsupported capabilities found in {CAPS}={_show(value)} "
             f"(allowed: {','.join(sorted(supported))})")
     return frozenset(asked)
 
@@ -262,7 +275,7 @@ def _requirements(env: dict[str, str], legacy: bool) -> tuple[str, ...]:
 
 def legacy_cuda_version(version: str) -> str:
     """CUDA_VERSION "10.0.130" -> "10.0" (as Go's semver.MajorMinor)."""
-    m = _SEMVER.match(version.strip())
+    m = _SEMVER.fullmatch(version.strip())
     if not m:
-        raise NvhookError(f"invalid {CUDA_VERSION}={version}: not a version")
+        raise NvhookError(f"invalid {CUDA_VERSION}={_show(version)}: not a version")
     return f"{m.group(1)}.{m.group(2) or 0}"

@@ -6,6 +6,16 @@ stage; pid is the host pid in prestart, 1 (runc) or 0 (crun) in createContainer 
 absent in poststop. Old runc (before 17.06) wrote `bundlePath` instead of `bundle`.
 All of that is accepted; anything that is not such an object is an NvhookError.
 
+Both documents come from outside nvhook and are checked once, here, before anything
+reads them (loads_json, check_spec): JSON nested deeper than MAX_DEPTH, a string or key
+with a NUL or a lone surrogate ("\ud800" escapes), and a field nvhook reads with the
+wrong JSON type are refused with one line naming the field. Readers then take values
+through field(), which checks the type again (specs built in memory, the shim's).
+
+stdin: a runtime writes the state and closes the pipe as it starts the hook, so the
+state is read until EOF within STATE_TIMEOUT seconds; a stdin nobody writes to or
+closes (a FIFO, a tty) is an error, not a hang (read_state_bytes).
+
 Only json is imported: this is on the hook's path for every container.
 """
 from __future__ import annotations
@@ -20,6 +30,32 @@ from libinject.errors import NvhookError
 MAX_STATE_BYTES = 1 << 20           # a state is a few hundred bytes; annotations make it more
 MAX_CONFIG_BYTES = 16 << 20         # config.json: env and mounts, never megabytes
 STATUSES = ("creating", "created", "starting", "running", "stopped", "paused")
+# Seconds for stdin to give the whole state and EOF: runtimes write it as they start the
+# hook (runc: from memory, at once); only nobody writing takes longer.
+STATE_TIMEOUT = 10.0
+MAX_DEPTH = 64                      # real specs nest under 10 levels (linux.seccomp...args)
+PID_MAX = 1 << 22                   # the kernel's PID_MAX_LIMIT
+
+# What nvhook reads of config.json (hook, shim, spec applier, cdi hooks) and its JSON
+# type; null is absent, as Go's encoding/json reads it. "a[].b": b of each item of a.
+_HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+SPEC_FIELDS: tuple[tuple[str, str], ...] = (
+    ("ociVersion", "string"), ("process", "object"), ("process.env", "strings"),
+    ("process.args", "strings"), ("process.capabilities", "strings|object"),
+    *((f"process.capabilities.{s}", "strings")
+      for s in ("bounding", "effective", "inheritable", "permitted", "ambient")),
+    ("process.user", "object"), ("process.user.additionalGids", "list"),
+    ("root", "object"), ("root.path", "string"),
+    ("mounts", "objects"), ("mounts[].destination", "string"), ("mounts[].source", "string"),
+    ("mounts[].type", "string"), ("mounts[].options", "strings"),
+    ("annotations", "string_map"), ("hooks", "object"),
+    *((f"hooks.{s}", "objects") for s in _HOOK_STAGES),
+    ("linux", "object"), ("linux.devices", "objects"), ("linux.resources", "object"),
+    ("linux.resources.devices", "objects"), ("linux.netDevices", "object"),
+)
+_KIND_TEXT = {"object": "an object", "string": "a string", "list": "a list", "strings": "a list of strings",
+              "objects": "a list of objects", "string_map": "an object of strings",
+              "strings|object": "a list of strings or an object"}
 
 
 @dataclass(frozen=True)
@@ -33,9 +69,173 @@ class State:
     root: str | None = None         # crun: the rootfs path
 
 
+def _jtype(v: Any) -> str:
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, bool):
+        return "a boolean"
+    return "null" if v is None else "a number"
+
+
+def _bad_string(s: str) -> str | None:
+    """Why s cannot be passed on (to paths, env, logs), or None."""
+    if "\0" in s:
+        return "contains a NUL byte"
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone surrogate (not UTF-8)"
+    return None
+
+
+def _key_text(k: object) -> str:
+    if isinstance(k, int):
+        return f"[{k}]"
+    text = str(k)
+    return "." + (text if len(text) <= 40 and text.isprintable() else repr(text[:40]) + "...")
+
+
+def _path_text(path: tuple | None) -> str:
+    parts: list[str] = []
+    while path:
+        path, key = path
+        parts.append(_key_text(key))
+    return "".join(reversed(parts)).lstrip(".") or "the top level"
+
+
+def _check_tree(obj: Any, what: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and strings or keys with a NUL or a lone
+    surrogate, anywhere in obj; iterative, so no depth can exhaust the stack."""
+    stack: list[tuple[Any, int, tuple | None]] = [(obj, 1, None)]
+    while stack:
+        v, depth, path = stack.pop()
+        if isinstance(v, str):
+            bad = _bad_string(v)
+            if bad:
+                raise NvhookError(f"{what}: {_path_text(path)} {bad}")
+        elif isinstance(v, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise NvhookError(f"{what} is nested more than {MAX_DEPTH} levels deep")
+            for k, x in (v.items() if isinstance(v, dict) else enumerate(v)):
+                bad = _bad_string(k) if isinstance(k, str) else None
+                if bad:
+                    raise NvhookError(f"{what}: a key in {_path_text(path)} {bad}")
+                stack.append((x, depth + 1, (path, k)))
+
+
+def loads_json(data: bytes | str, what: str) -> Any:
+    """JSON text as Python values, NvhookError naming `what` for anything that is not
+    sane JSON (syntax, nesting, NUL bytes, lone surrogates, a 5000-digit number)."""
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise NvhookError(f"{what} is nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as e:     # JSONDecodeError, UnicodeDecodeError, int digit limit
+        msg = "a number has too many digits" if "integer string conversion" in str(e) else str(e)
+        raise NvhookError(f"{what} is not valid JSON: {msg}") from None
+    _check_tree(obj, what)
+    return obj
+
+
+def _mismatch(v: Any, kind: str) -> tuple[str, Any, str] | None:
+    """None if v is of kind, else (where in v: "" or "[2]" or ".key", the bad value, expected)."""
+    if kind == "strings|object":
+        return None if isinstance(v, dict) else _mismatch(v, "strings")
+    if kind in ("object", "string", "list"):
+        want = {"object": dict, "string": str, "list": list}[kind]
+        return None if isinstance(v, want) else ("", v, _KIND_TEXT[kind])
+    if kind in ("strings", "objects"):
+        if not isinstance(v, list):
+            return "", v, _KIND_TEXT[kind]
+        want, text = (str, "a string") if kind == "strings" else (dict, "an object")
+        for i, x in enumerate(v):
+            if not isinstance(x, want):
+                return f"[{i}]", x, text
+        return None
+    if kind == "string_map":
+        if not isinstance(v, dict):
+            return "", v, _KIND_TEXT[kind]
+        for k, x in v.items():
+            if not isinstance(x, str):
+                return _key_text(k), x, "a string"
+        return None
+    raise AssertionError(f"unknown JSON kind {kind}")  # a bug in SPEC_FIELDS
+
+
+def field(obj: Any, path: str, kind: str, what: str = "OCI spec", prefix: str = "") -> Any:
+    """The value at dotted `path` in obj, checked to be of `kind` (see SPEC_FIELDS): None
+    when it or a parent is absent or null; NvhookError naming the path when it or a
+    parent has another type. The one way the spec's values are read."""
+    cur = obj
+    done = prefix
+    for key in path.split("."):
+        if not isinstance(cur, dict):
+            raise NvhookError(f"{what}: {done or 'the top level'} is {_jtype(cur)}, expected an object")
+        cur = cur.get(key)
+        done = f"{done}.{key}" if done else key
+        if cur is None:
+            return None
+    bad = _mismatch(cur, kind)
+    if bad is not None:
+        sub, value, expected = bad
+        raise NvhookError(f"{what}: {done}{sub} is {_jtype(value)}, expected {expected}")
+    return cur
+
+
+def check_spec(spec: dict[str, Any], what: str = "OCI spec") -> None:
+    """Every field in SPEC_FIELDS has its type (or is absent); NvhookError naming the first that has not."""
+    for path, kind in SPEC_FIELDS:
+        head, sep, tail = path.partition("[].")
+        if not sep:
+            field(spec, path, kind, what)
+            continue
+        for i, item in enumerate(field(spec, head, "objects", what) or ()):
+            field(item, tail, kind, what, prefix=f"{head}[{i}]")
+
+
+def read_state_bytes(stream: BinaryIO, timeout: float = STATE_TIMEOUT) -> bytes:
+    """The state on stream (the hook's stdin) up to EOF, at most MAX_STATE_BYTES + 1 bytes
+    (the caller reports "too large"). A runtime writes the state and closes stdin as it
+    starts the hook; no EOF within `timeout` seconds (a FIFO or tty nobody writes, a
+    writer that never closes) is an NvhookError, never a hang."""
+    import select
+    import time
+
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):   # an in-memory stream: nothing to wait for
+        return stream.read(MAX_STATE_BYTES + 1)
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)               # POLLHUP/POLLERR are always reported
+    chunks: list[bytes] = []
+    n = 0
+    while n <= MAX_STATE_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(max(1, int(left * 1000))):
+            raise NvhookError(f"container state on stdin: no end of input within {timeout:g}s "
+                              "(the runtime writes it and closes stdin)")
+        try:
+            b = os.read(fd, MAX_STATE_BYTES + 1 - n)
+        except BlockingIOError:                      # a non-blocking stdin with nothing yet
+            continue
+        except OSError as e:
+            raise NvhookError(f"cannot read the container state on stdin: {e.strerror}") from None
+        if not b:
+            break
+        chunks.append(b)
+        n += len(b)
+    return b"".join(chunks)
+
+
 def read_state(stream: BinaryIO) -> State:
     """Read and parse the state from stream (the hook's stdin), at most MAX_STATE_BYTES."""
-    data = stream.read(MAX_STATE_BYTES + 1)
+    data = read_state_bytes(stream)
     if len(data) > MAX_STATE_BYTES:
         raise NvhookError(f"container state on stdin is larger than {MAX_STATE_BYTES} bytes")
     return parse_state(data)
@@ -44,10 +244,7 @@ def read_state(stream: BinaryIO) -> State:
 def parse_state(data: bytes | str) -> State:
     if not data or not data.strip():
         raise NvhookError("no container state on stdin (run as an OCI hook)")
-    try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NvhookError(f"container state is not valid JSON: {e}") from None
+    obj = loads_json(data, "container state")
     if not isinstance(obj, dict):
         raise NvhookError("container state is not a JSON object")
 
@@ -70,7 +267,9 @@ def parse_state(data: bytes | str) -> State:
     if pid is None:
         pid = 0
     if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
-        raise NvhookError(f"container state: pid is not a non-negative integer: {pid!r}")
+        raise NvhookError(f"container state: pid is not a non-negative integer: {pid!r}"[:200])
+    if pid > PID_MAX:
+        raise NvhookError(f"container state: pid {pid} is out of range (at most {PID_MAX})"[:200])
     annotations = obj.get("annotations")
     if annotations is None:
         annotations = {}
@@ -99,10 +298,7 @@ def load_config(bundle: str) -> dict[str, Any]:
     from libinject.linux.files import read_bounded
 
     data = read_bounded(path, MAX_CONFIG_BYTES, "OCI spec")
-    try:
-        spec = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NvhookError(f"OCI spec {path} is not valid JSON: {e}") from None
+    spec = loads_json(data, f"OCI spec {path}")
     if not isinstance(spec, dict):
         raise NvhookError(f"OCI spec {path} is not a JSON object")
     # As NVIDIA's hook: these must be there for the spec to mean anything.
@@ -113,6 +309,7 @@ def load_config(bundle: str) -> dict[str, Any]:
     root = spec.get("root")
     if not isinstance(root, dict) or not isinstance(root.get("path"), str) or not root["path"]:
         raise NvhookError(f"OCI spec {path}: root.path missing")
+    check_spec(spec, f"OCI spec {path}")
     return spec
 
 

@@ -70,19 +70,21 @@ def run(args) -> int:
     cwd = start_cwd()
     os.chdir("/")
     stage = args.command
+    from libinject.errors import NvhookError, report
+    from libinject.request.oci_state import read_state_bytes
+
     if stage not in CONFIGURE_STAGES:
         try:
-            sys.stdin.buffer.read(1 << 20)  # drain: a runtime writing the state must not get EPIPE
-        except (OSError, ValueError):
+            read_state_bytes(sys.stdin.buffer)  # drain: a runtime writing the state must not get EPIPE
+        except (NvhookError, OSError, ValueError):
             pass
         return 0
-    from libinject.request.oci_state import MAX_STATE_BYTES
-
     try:
-        data = sys.stdin.buffer.read(MAX_STATE_BYTES + 1)
+        data = read_state_bytes(sys.stdin.buffer)   # with a deadline: never a hang
+    except NvhookError as e:
+        report(e)
+        return 1
     except (OSError, ValueError) as e:
-        from libinject.errors import report
-
         report(f"cannot read the container state: {e}")
         return 1
     return handle(stage, data, args, cwd=cwd)

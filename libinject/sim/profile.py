@@ -41,6 +41,9 @@ any file in the same format. Fields (all optional unless marked required):
     caps_major        char major of dev/nvidia-caps/* (default 236)
 
 A bad file raises NvhookError naming the field: "profile gpus[2].uuid: expected 'GPU-' uuid".
+Every pattern is matched whole and ASCII-only (no trailing "\n", no "١"), strings are
+one printable line, and sizes have sane bounds: a profile becomes file names, procfs
+text and C-read config lines.
 """
 from __future__ import annotations
 
@@ -126,15 +129,21 @@ ARCHITECTURES = {"Kepler": (2, (3, 5)), "Maxwell": (3, (5, 2)), "Pascal": (4, (6
                  "Volta": (5, (7, 0)), "Turing": (6, (7, 5)), "Ampere": (7, (8, 0)),
                  "Ada": (8, (8, 9)), "Hopper": (9, (9, 0)), "Blackwell": (10, (10, 0))}
 _MIG_NAMES = re.compile(r"\b(A100|A30|A800|H100|H200|H800|B200|GH200|GB200)\b")
+# Used with fullmatch only: "$" would also take a trailing "\n".
 _UUID_BODY = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-_GPU_UUID = re.compile(rf"^GPU-{_UUID_BODY}$")
-_MIG_UUID = re.compile(rf"^MIG-{_UUID_BODY}$")
-_BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
-_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
-_CUDA = re.compile(r"^(\d+)\.(\d)$")
-_CC = re.compile(r"^(\d+)\.(\d)$")
-_LIBNAME = re.compile(r"^lib[A-Za-z0-9_+-]+$")
-_FILENAME = re.compile(r"^[A-Za-z0-9._+-]+$")
+_GPU_UUID = re.compile(rf"GPU-{_UUID_BODY}")
+_MIG_UUID = re.compile(rf"MIG-{_UUID_BODY}")
+_BUS_ID = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])")
+_VERSION = re.compile(r"[0-9]{1,6}\.[0-9]{1,6}(\.[0-9]{1,6})?")
+_CUDA = re.compile(r"([0-9]{1,3})\.([0-9])")
+_CC = re.compile(r"([0-9]{1,2})\.([0-9])")
+_LIBNAME = re.compile(r"lib[A-Za-z0-9_+-]{1,100}")
+_FILENAME = re.compile(r"[A-Za-z0-9._+-]{1,128}")
+_HEX = re.compile(r"0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10}")
+MAX_PROFILE_BYTES = 1 << 20
+MAX_MEMORY_MIB = 1 << 24        # 16 TiB; NVML reports bytes in 64 bits (MiB << 20)
+MAX_DESCRIPTION = 200
+MAX_LIST = 256                  # libraries, binaries, firmware
 
 TOP_FIELDS = {"description", "driver_version", "cuda_version", "gpus", "libraries", "compat32",
               "binaries", "firmware", "modeset", "uvm_major", "caps_major"}
@@ -231,10 +240,10 @@ def _get(d: dict, key: str, where: str, kind: type | tuple, default: Any = ...) 
     v = d[key]
     # bool is an int in Python: keep them apart.
     if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise _err(path, f"expected an integer, got {v!r}")
+        raise _err(path, f"expected an integer, got {_show(v)}")
     if not isinstance(v, kind):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise _err(path, f"expected {names}, got {v!r}")
+        raise _err(path, f"expected {names}, got {_show(v)}")
     return v
 
 
@@ -245,16 +254,27 @@ def _unknown(d: dict, allowed: set[str], where: str) -> None:
         raise _err(path, f"unknown field (known: {', '.join(sorted(allowed))})")
 
 
+def _show(v: Any) -> str:
+    """v for an error line, cut short (a profile string may be a megabyte)."""
+    text = repr(v) if not isinstance(v, int) or abs(v) < 10**60 else "a huge number"
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+def _line(v: str, path: str, limit: int) -> str:
+    """v as one printable line of at most `limit` characters (it ends up in procfs text,
+    nvidia-smi output and the mock NVML's line-based data file)."""
+    if len(v) > limit or not v.isprintable():
+        raise _err(path, f"expected one printable line of at most {limit} characters, got {_show(v)}")
+    return v
+
+
 def _hex(v: Any, path: str) -> int:
     if isinstance(v, int) and not isinstance(v, bool):
         n = v
-    elif isinstance(v, str):
-        try:
-            n = int(v, 0)
-        except ValueError:
-            raise _err(path, f"expected a hex number like '0x20B210DE', got {v!r}") from None
+    elif isinstance(v, str) and _HEX.fullmatch(v):
+        n = int(v, 16) if v[:2] in ("0x", "0X") else int(v)     # int(v, 0) refuses "0123"
     else:
-        raise _err(path, f"expected a hex number like '0x20B210DE', got {v!r}")
+        raise _err(path, f"expected a hex number like '0x20B210DE', got {_show(v)}")
     if not 0 <= n <= 0xFFFFFFFF:
         raise _err(path, "out of range (32-bit)")
     return n
@@ -275,14 +295,14 @@ def _parse_mig(d: Any, where: str, gpu_uuid: str) -> MigSpec:
     if not 0 <= ci <= 7:
         raise _err(f"{where}.ci", "compute instance id must be 0..7")
     name = _get(d, "name", where, str)
-    if not re.fullmatch(r"[0-9a-z.+]+", name):
-        raise _err(f"{where}.name", f"expected a MIG profile name like '3g.40gb', got {name!r}")
+    if not re.fullmatch(r"[0-9a-z.+]{1,32}", name):
+        raise _err(f"{where}.name", f"expected a MIG profile name like '3g.40gb', got {_show(name)}")
     uuid = _get(d, "uuid", where, str, _derived_uuid("MIG", gpu_uuid, gi, ci))
-    if not _MIG_UUID.match(uuid):
-        raise _err(f"{where}.uuid", f"expected 'MIG-' uuid, got {uuid!r}")
+    if not _MIG_UUID.fullmatch(uuid):
+        raise _err(f"{where}.uuid", f"expected 'MIG-' uuid, got {_show(uuid)}")
     mem = _get(d, "memory_mib", where, int)
-    if mem <= 0:
-        raise _err(f"{where}.memory_mib", "must be positive")
+    if not 0 < mem <= MAX_MEMORY_MIB:
+        raise _err(f"{where}.memory_mib", f"must be 1..{MAX_MEMORY_MIB}")
     return MigSpec(gi, ci, name, uuid, mem)
 
 
@@ -291,20 +311,20 @@ def _parse_gpu(d: Any, i: int, where: str) -> GpuSpec:
         raise _err(where, "expected an object")
     _unknown(d, GPU_FIELDS, where)
     name = _get(d, "name", where, str)
-    if not name.strip() or len(name) >= 96:
-        raise _err(f"{where}.name", "expected a non-empty name shorter than 96 characters")
+    if not name.strip() or len(name) >= 96 or not name.isprintable():
+        raise _err(f"{where}.name", "expected a non-empty one-line name shorter than 96 characters")
     default_brand = "Tesla" if name.startswith("Tesla") else "GeForce" if "GeForce" in name else "Nvidia"
     brand_in = _get(d, "brand", where, str, default_brand)
     brand = next((b for b in BRANDS if b.lower() == brand_in.lower()), None)
     if brand is None:
-        raise _err(f"{where}.brand", f"unknown brand {brand_in!r} (known: {', '.join(BRANDS)})")
+        raise _err(f"{where}.brand", f"unknown brand {_show(brand_in)} (known: {', '.join(BRANDS)})")
     uuid = _get(d, "uuid", where, str, _derived_uuid("GPU", name, i))
-    if not _GPU_UUID.match(uuid):
-        raise _err(f"{where}.uuid", f"expected 'GPU-' uuid, got {uuid!r}")
+    if not _GPU_UUID.fullmatch(uuid):
+        raise _err(f"{where}.uuid", f"expected 'GPU-' uuid, got {_show(uuid)}")
     bus_in = _get(d, "bus_id", where, str, f"0000:{i + 1:02x}:00.0")
-    m = _BUS_ID.match(bus_in)
+    m = _BUS_ID.fullmatch(bus_in)
     if not m:
-        raise _err(f"{where}.bus_id", f"expected a PCI address like '0000:07:00.0', got {bus_in!r}")
+        raise _err(f"{where}.bus_id", f"expected a PCI address like '0000:07:00.0', got {_show(bus_in)}")
     dom, bus, dev, fn = (int(x, 16) for x in m.groups())
     if dev > 31:
         raise _err(f"{where}.bus_id", "PCI device number must be 0..1f")
@@ -320,11 +340,11 @@ def _parse_gpu(d: Any, i: int, where: str) -> GpuSpec:
     if arch_in is not None:
         arch = next((a for a in ARCHITECTURES if a.lower() == arch_in.lower()), None)
         if arch is None:
-            raise _err(f"{where}.architecture", f"unknown architecture {arch_in!r} (known: {', '.join(ARCHITECTURES)})")
+            raise _err(f"{where}.architecture", f"unknown architecture {_show(arch_in)} (known: {', '.join(ARCHITECTURES)})")
     if cc_in is not None:
-        cm = _CC.match(str(cc_in))
+        cm = _CC.fullmatch(str(cc_in))
         if not cm:
-            raise _err(f"{where}.cc", f"expected a compute capability like '8.0', got {cc_in!r}")
+            raise _err(f"{where}.cc", f"expected a compute capability like '8.0', got {_show(cc_in)}")
         cc = (int(cm.group(1)), int(cm.group(2)))
     else:
         cc = ARCHITECTURES[arch][1]
@@ -332,11 +352,13 @@ def _parse_gpu(d: Any, i: int, where: str) -> GpuSpec:
         arch = max((a for a, (_, acc) in ARCHITECTURES.items() if acc <= cc),
                    key=lambda a: ARCHITECTURES[a][1], default="Kepler")
     mem = _get(d, "memory_mib", where, int)
-    if mem <= 0:
-        raise _err(f"{where}.memory_mib", "must be positive")
+    if not 0 < mem <= MAX_MEMORY_MIB:
+        raise _err(f"{where}.memory_mib", f"must be 1..{MAX_MEMORY_MIB}")
     dev_id = _hex(d.get("pci_device_id", 0x10DE), f"{where}.pci_device_id")
     sub_id = _hex(d.get("pci_subsystem_id", 0), f"{where}.pci_subsystem_id")
     mig_in = _get(d, "mig", where, list, [])
+    if len(mig_in) > 15 * 8:    # (gi, ci) pairs are unique: more cannot be valid
+        raise _err(f"{where}.mig", "at most 120 MIG devices")
     mig = tuple(_parse_mig(x, f"{where}.mig[{j}]", uuid) for j, x in enumerate(mig_in))
     seen: set[tuple[int, int]] = set()
     for j, md in enumerate(mig):
@@ -359,32 +381,34 @@ def _parse_gpu(d: Any, i: int, where: str) -> GpuSpec:
 def _parse_library(v: Any, where: str) -> LibSpec:
     if isinstance(v, str):
         if v not in LIBRARIES:
-            raise _err(where, f"unknown library {v!r} (give {{\"name\", \"soname\"}} for a new one)")
+            raise _err(where, f"unknown library {_show(v)} (give {{\"name\", \"soname\"}} for a new one)")
         return LIBRARIES[v]
     if not isinstance(v, dict):
         raise _err(where, "expected a library name or an object")
     _unknown(v, {"name", "soname", "capability", "i386"}, where)
     name = _get(v, "name", where, str)
-    if not _LIBNAME.match(name):
-        raise _err(f"{where}.name", f"expected a library base name like 'libcuda', got {name!r}")
+    if not _LIBNAME.fullmatch(name):
+        raise _err(f"{where}.name", f"expected a library base name like 'libcuda', got {_show(name)}")
     known = LIBRARIES.get(name)
     soname = _get(v, "soname", where, (str, type(None)), known.soname if known else None)
-    if soname is not None and not (soname.startswith(name + ".so.") and _FILENAME.match(soname)):
-        raise _err(f"{where}.soname", f"expected '{name}.so.N', got {soname!r}")
+    if soname is not None and not (soname.startswith(name + ".so.") and _FILENAME.fullmatch(soname)):
+        raise _err(f"{where}.soname", f"expected '{name}.so.N', got {_show(soname)}")
     cap = _get(v, "capability", where, str, known.capability if known else "utility")
     if cap not in CAPABILITIES:
-        raise _err(f"{where}.capability", f"unknown capability {cap!r} (known: {', '.join(CAPABILITIES)})")
+        raise _err(f"{where}.capability", f"unknown capability {_show(cap)} (known: {', '.join(CAPABILITIES)})")
     i386 = _get(v, "i386", where, bool, known.i386 if known else False)
     return LibSpec(name, soname, cap, i386)
 
 
 def _names(d: dict, key: str, default: tuple[str, ...], allowed: tuple[str, ...] | None) -> tuple[str, ...]:
     v = _get(d, key, "", list, list(default))
+    if len(v) > MAX_LIST:
+        raise _err(key, f"at most {MAX_LIST} entries")
     for j, x in enumerate(v):
-        if not isinstance(x, str) or not _FILENAME.match(x) or x in (".", ".."):
-            raise _err(f"{key}[{j}]", f"expected a file name, got {x!r}")
+        if not isinstance(x, str) or not _FILENAME.fullmatch(x) or x in (".", ".."):
+            raise _err(f"{key}[{j}]", f"expected a file name, got {_show(x)}")
         if allowed is not None and x not in allowed:
-            raise _err(f"{key}[{j}]", f"unknown {key[:-1]} {x!r} (known: {', '.join(allowed)})")
+            raise _err(f"{key}[{j}]", f"unknown {key[:-1]} {_show(x)} (known: {', '.join(allowed)})")
     if len(set(v)) != len(v):
         raise _err(key, "duplicate entries")
     return tuple(v)
@@ -395,13 +419,13 @@ def parse_profile(data: Any, name: str = "custom") -> Profile:
     if not isinstance(data, dict):
         raise _err("", "expected a JSON object at the top level")
     _unknown(data, TOP_FIELDS, "")
-    description = _get(data, "description", "", str, "")
+    description = _line(_get(data, "description", "", str, ""), "description", MAX_DESCRIPTION)
     driver_version = _get(data, "driver_version", "", str, "550.163.01")
-    if not _VERSION.match(driver_version):
-        raise _err("driver_version", f"expected a version like '550.163.01', got {driver_version!r}")
+    if not _VERSION.fullmatch(driver_version):
+        raise _err("driver_version", f"expected a version like '550.163.01', got {_show(driver_version)}")
     cuda_version = _get(data, "cuda_version", "", str, "12.4")
-    if not _CUDA.match(cuda_version):
-        raise _err("cuda_version", f"expected a version like '12.4', got {cuda_version!r}")
+    if not _CUDA.fullmatch(cuda_version):
+        raise _err("cuda_version", f"expected a version like '12.4', got {_show(cuda_version)}")
     gpus_in = _get(data, "gpus", "", list)
     if not gpus_in:
         raise _err("gpus", "at least one GPU is required")
@@ -423,6 +447,8 @@ def parse_profile(data: Any, name: str = "custom") -> Profile:
     firmware = _names(data, "firmware", DEFAULT_FIRMWARE, None)
     if "libraries" in data:
         libs_in = _get(data, "libraries", "", list)
+        if len(libs_in) > MAX_LIST:
+            raise _err("libraries", f"at most {MAX_LIST} entries")
         libs = [_parse_library(x, f"libraries[{j}]") for j, x in enumerate(libs_in)]
     else:
         libs = [s for s in LIBRARIES.values()
@@ -452,15 +478,20 @@ def list_profiles() -> list[str]:
 
 
 def load_file(path: str | Path, name: str | None = None) -> Profile:
+    from libinject.linux.files import read_bounded
+
     p = Path(path)
+    raw = read_bounded(str(p), MAX_PROFILE_BYTES, "profile")
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise NvhookError(f"cannot read profile {p}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise NvhookError(f"profile {p}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise NvhookError(f"profile {p}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise NvhookError(f"profile {p}: invalid JSON: nested too deeply") from None
+    except ValueError:  # int() of a number with thousands of digits
+        raise NvhookError(f"profile {p}: invalid JSON: a number has too many digits") from None
     return parse_profile(data, name or p.stem)
 
 
