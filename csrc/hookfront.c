@@ -52,6 +52,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "pyexec.h"
+
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77         /* Linux 6.5 */
 #endif
@@ -59,9 +61,6 @@
 #define SYS_pidfd_send_signal 424
 #endif
 
-#ifndef NVHOOK_PYTHON
-#define NVHOOK_PYTHON "/usr/bin/python3"
-#endif
 
 #ifndef NVHOOK_SOCKET_DEFAULT
 #define NVHOOK_SOCKET_DEFAULT "/run/nvhook/hook.sock"   /* as [nvhook] socket's default */
@@ -90,9 +89,6 @@ static const char *const VALUED[] = {"--root", "--ldcache", "--user", "--debug",
 static const char *const PY_MAIN =
     "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; "
     "from nvhook.cli import main; sys.exit(main())";
-#ifndef NVHOOK_PYPATH
-#define NVHOOK_PYPATH ""
-#endif
 
 static char *const *g_argv;
 static int g_argc;
@@ -257,37 +253,7 @@ static void exec_python(void)
     }
     envp[ne] = NULL;
 
-    const char *python = NVHOOK_PYTHON;
-    static char beside[PATH_MAX];
-    if (access(python, X_OK) != 0) {
-        /* Not where it was built: try the python next to us (a moved venv). */
-        ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 8);
-        if (n > 0) {
-            beside[n] = '\0';
-            char *slash = strrchr(beside, '/');
-            if (slash) {
-                strcpy(slash + 1, "python");
-                python = beside;
-            }
-        }
-    }
-    char **av = calloc((size_t)g_argc + 6, sizeof *av);
-    if (!av)
-        die("calloc");
-    int na = 0;
-    av[na++] = (char *)python;
-    av[na++] = "-I";
-    if (*NVHOOK_PYPATH)
-        av[na++] = "-S";
-    av[na++] = "-c";
-    av[na++] = (char *)PY_MAIN;
-    av[na++] = NVHOOK_PYPATH;
-    for (int i = 1; i < g_argc; i++)
-        av[na++] = g_argv[i];
-    av[na] = NULL;
-    execve(python, av, envp);
-    dprintf(2, "nvhook: cannot run %s: %s\n", python, strerror(errno));
-    _exit(1);
+    exec_venv_python(PY_MAIN, g_argc, g_argv, envp, 1);
 }
 
 /* Append a protocol item (kind + NUL-terminated value) to buf; 0 if it does not fit. */

@@ -26,12 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#ifndef NVHOOK_PYTHON
-#define NVHOOK_PYTHON "/usr/bin/python3"
-#endif
-#ifndef NVHOOK_PYPATH
-#define NVHOOK_PYPATH ""
-#endif
+#include "pyexec.h"
+
 
 #define SAFE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define MAX_CONF (1 << 20)
@@ -87,36 +83,7 @@ static const char *command(int argc, char **argv, int *debug)
 
 static void exec_python(int argc, char **argv)
 {
-    const char *python = NVHOOK_PYTHON;
-    static char beside[PATH_MAX];
-    if (access(python, X_OK) != 0) {
-        ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 8);
-        if (n > 0) {
-            beside[n] = '\0';
-            char *slash = strrchr(beside, '/');
-            if (slash) {
-                strcpy(slash + 1, "python");
-                python = beside;
-            }
-        }
-    }
-    char **av = calloc((size_t)argc + 6, sizeof *av);
-    if (!av)
-        _exit(127);
-    int na = 0;
-    av[na++] = (char *)python;
-    av[na++] = "-I";
-    if (*NVHOOK_PYPATH)
-        av[na++] = "-S";
-    av[na++] = "-c";
-    av[na++] = (char *)PY_MAIN;
-    av[na++] = NVHOOK_PYPATH;
-    for (int i = 1; i < argc; i++)
-        av[na++] = argv[i];
-    av[na] = NULL;
-    execve(python, av, environ);
-    dprintf(2, "nvhook: cannot run %s: %s\n", python, strerror(errno));
-    _exit(127);
+    exec_venv_python(PY_MAIN, argc, argv, environ, 127);
 }
 
 /* Does the config set a key from CONF_KEYS (outside comments)? Unreadable or odd: yes. */

@@ -16,7 +16,7 @@ import pytest
 from libinject.plan.edits import CudaCompatEdit, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
 from support.applyenv import (HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
-                              snapshot)
+                              snapshot, try_apply)
 
 
 def _planned(edits) -> list[str]:
@@ -93,19 +93,8 @@ def test_apply_standalone_exact_mounts(rootfs, tmp_path, worker, no_leaked_mount
     print(f"apply: {len(planned)} mounts + ldconfig in {r['took'] * 1000:.1f} ms")
 
 
-def _apply_expect_error(rootfs, edits, **kw):
-    from libinject.apply.live import apply
-    before = mountinfo()
-    try:
-        apply(edits, str(rootfs), **kw)
-        err = None
-    except NvhookError as e:
-        err = str(e)
-    return err, new_mounts(before, mountinfo())
-
-
 def _check_untouched(rootfs, edits, before, **kw):
-    err, mnts = in_ns(_apply_expect_error, rootfs, edits, **kw)
+    err, mnts = in_ns(try_apply, rootfs, edits, **kw)
     assert err is not None
     assert mnts == []
     assert snapshot(rootfs, dir_mtimes=False) == before

@@ -19,24 +19,16 @@ from pathlib import Path
 import pytest
 
 from conftest import NVHOOK, run
+from support import cli
 
-# What a clear line is not: Python's own words for a bug.
-_NOT_CLEAR = re.compile(r"Traceback|internal error|hook failed|\b[A-Z][A-Za-z]*Error\b"
-                        r"|set_int_max_str_digits|maximum recursion")
+# What a clear line is not: Python's own words for a bug, or the hook's catch-all for one.
+_NOT_CLEAR = re.compile(cli.NOT_CLEAR.pattern + r"|hook failed")
 BIG = "1" * 5000        # past Python's 4300-digit int() limit
 
 
 def one_error(r: subprocess.CompletedProcess, *expected: str) -> str:
     """The single `nvhook: ` line of a failed command (asserting it is one, and clear)."""
-    lines = r.stderr.splitlines()
-    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("nvhook: "), r.stderr[-2000:]
-    line = lines[0]
-    assert not _NOT_CLEAR.search(line), line
-    assert line.isprintable() and len(line) < 1000, repr(line[:300])
-    for e in expected:
-        assert e in line, line
-    return line
+    return cli.one_error(r, *expected, not_clear=_NOT_CLEAR)
 
 
 @pytest.fixture(scope="module")

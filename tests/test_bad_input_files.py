@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -13,21 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NVHOOK, run
-
-_NOT_CLEAR = re.compile(r"Traceback|internal error|\b[A-Z][A-Za-z]*Error\b"
-                        r"|set_int_max_str_digits|maximum recursion")
-
-
-def one_error(r: subprocess.CompletedProcess, *expected: str) -> str:
-    lines = r.stderr.splitlines()
-    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("nvhook: "), r.stderr[-2000:]
-    line = lines[0]
-    assert not _NOT_CLEAR.search(line), line
-    assert line.isprintable() and len(line) < 1000, repr(line[:300])
-    for e in expected:
-        assert e in line, line
-    return line
+from support.cli import one_error
 
 
 # --- config.toml ----------------------------------------------------------------------

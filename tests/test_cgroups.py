@@ -3,6 +3,7 @@ eBPF device program, in a private namespace). No driver behind major 195 here, s
 open that the cgroup lets through fails with ENXIO and one it blocks with EPERM."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -84,11 +85,18 @@ def test_allow_several_rules(gpu_container):
     assert c.open_result("/dev/nvidia0") == "ENXIO"
 
 
-def test_v1_undo_keeps_access_the_container_had(tmp_path):
-    allow = [{"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rw"}]
+@contextlib.contextmanager
+def _v1_container_allowing(tmp_path: Path, minor: int, access: str):
+    """A started cgroup v1 container whose own device rules allow c 195:minor `access`."""
+    allow = [{"allow": True, "type": "c", "major": 195, "minor": minor, "access": access}]
     with RuncContainer(tmp_path, devices=GPUS, allow=allow) as c:
         c.create()
         c.start()
+        yield c
+
+
+def test_v1_undo_keeps_access_the_container_had(tmp_path):
+    with _v1_container_allowing(tmp_path, 0, "rw") as c:
         assert c.open_result("/dev/nvidia0") == "ENXIO"
         undo = allow_devices(c.pid, [CgroupRule(195, 0), CgroupRule(1, 3)])
         assert undo.steps == []                      # nothing to add, nothing to take back
@@ -98,10 +106,7 @@ def test_v1_undo_keeps_access_the_container_had(tmp_path):
 
 
 def test_v1_undo_takes_back_only_what_it_added(tmp_path):
-    allow = [{"allow": True, "type": "c", "major": 195, "minor": 1, "access": "r"}]
-    with RuncContainer(tmp_path, devices=GPUS, allow=allow) as c:
-        c.create()
-        c.start()
+    with _v1_container_allowing(tmp_path, 1, "r") as c:
         write = ["sh", "-c", "echo x > /dev/nvidia1"]
         assert "Operation not permitted" in c.exec(*write).stderr
         undo = allow_devices(c.pid, [CgroupRule(195, 1, access="rw")])

@@ -19,22 +19,14 @@ from pathlib import Path
 import pytest
 
 from libinject.plan.edits import CudaCompatEdit
-from libinject.errors import NvhookError
-from support.applyenv import LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot
+from support.applyenv import LIBDIR, elf, in_ns, make_host, snapshot, try_apply
 
 HOSTILE_DIRS = [LIBDIR, "/usr/bin", "/lib/firmware", "/proc/driver", "/dev",
                 "/usr/local/cuda/compat", "/run/nvidia-persistenced"]
 
 
 def _apply(rootfs, edits):
-    from libinject.apply.live import apply
-    before = mountinfo()
-    try:
-        apply(edits, str(rootfs))
-        err = None
-    except NvhookError as e:
-        err = str(e)
-    mnts = new_mounts(before, mountinfo())
+    err, mnts = try_apply(rootfs, edits)
     return err, [m.mountpoint for m in mnts]
 
 
@@ -234,17 +226,7 @@ def test_host_source_dir_swapped_for_symlink(fresh_sim_host, rootfs, tmp_path, s
     real.rename(real.with_name(real.name + ".away"))
     real.symlink_to(canary)
 
-    def go():
-        from libinject.apply.live import apply
-        pre = mountinfo()
-        try:
-            apply(edits, str(rootfs))
-            err = None
-        except NvhookError as e:
-            err = str(e)
-        return err, new_mounts(pre, mountinfo())
-
-    err, mnts = in_ns(go)
+    err, mnts = in_ns(try_apply, rootfs, edits)
     assert [m for m in mnts if m.root.startswith(str(canary))] == []
     assert err is not None and "a component is a symlink" in err, err
     assert mnts == []

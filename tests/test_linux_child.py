@@ -41,6 +41,15 @@ def _pipe() -> tuple[int, int]:
     return os.pipe()
 
 
+def _spawn_to_pipe(argv: list[str], *, group: bool = False) -> tuple[Child, int]:
+    """_spawn(argv) writing its stdout into a new pipe (our write end closed): the child
+    and the pipe's read end."""
+    r, w = _pipe()
+    c = _spawn(argv, stdout=w, group=group)
+    os.close(w)
+    return c, r
+
+
 def test_wait_gives_the_exit_code():
     with _spawn(["sh", "-c", "exit 7"]) as c:
         assert c.wait(10) == 7
@@ -65,9 +74,7 @@ def test_close_kills_and_reaps():
 
 
 def test_group_kill_takes_the_grandchildren():
-    r, w = _pipe()
-    c = _spawn(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=w, group=True)
-    os.close(w)
+    c, r = _spawn_to_pipe(["sh", "-c", "sleep 30 & echo $!; wait"], group=True)
     grandchild = int(os.read(r, 64))
     os.close(r)
     with c:
@@ -89,9 +96,7 @@ def test_collect_reads_everything_and_the_status():
 
 
 def test_collect_limit_keeps_the_child_going():
-    r, w = _pipe()
-    c = _spawn(["head", "-c", "300000", "/dev/zero"], stdout=w)
-    os.close(w)
+    c, r = _spawn_to_pipe(["head", "-c", "300000", "/dev/zero"])
     with c:
         code, (out,) = collect(c, [r], 10, limit=1000)
     assert (code, out) == (0, bytes(1000))
@@ -99,9 +104,7 @@ def test_collect_limit_keeps_the_child_going():
 
 
 def test_collect_deadline_kills():
-    r, w = _pipe()
-    c = _spawn(["sh", "-c", "echo started; exec sleep 30"], stdout=w)
-    os.close(w)
+    c, r = _spawn_to_pipe(["sh", "-c", "echo started; exec sleep 30"])
     t = time.monotonic()
     with c:
         with pytest.raises(TimeoutError, match=r"^timed out after 0.3s$"):
@@ -114,9 +117,7 @@ def test_collect_deadline_kills():
 def test_collect_does_not_wait_for_a_pipe_held_elsewhere():
     # The child exits while a process it started in a session of its own (not ours
     # to kill) keeps the pipe open: reading stops DRAIN seconds after the exit.
-    r, w = _pipe()
-    c = _spawn(["sh", "-c", "setsid sleep 30 & echo $!; exit 0"], stdout=w)
-    os.close(w)
+    c, r = _spawn_to_pipe(["sh", "-c", "setsid sleep 30 & echo $!; exit 0"])
     t = time.monotonic()
     out = b""
     try:

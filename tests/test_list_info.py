@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from libinject.sim.profile import list_profiles
-from conftest import NVHOOK, run
+from support.cli import nvhook_caller
 from support.simhost import compile_lib, ldconfig, profile_of
 
 PROFILES = list_profiles()
@@ -19,14 +18,7 @@ ORDER_BINS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabri
 
 @pytest.fixture
 def nvhook(tmp_path):
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f'[nvhook]\nsnapshot_dir = "{tmp_path}/snapshots"\n')
-    env = {"PATH": os.environ["PATH"], "NVHOOK_CONFIG": str(cfg)}
-
-    def call(*args: str) -> subprocess.CompletedProcess:
-        return run([NVHOOK, *args], env=env)
-
-    return call
+    return nvhook_caller(tmp_path)
 
 
 def _gpus(prof: dict) -> list[dict]:

@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
-from conftest import NVHOOK, run
+from support.cli import nvhook_caller
 
 CAPS = "/proc/driver/nvidia/"
 
 
 @pytest.fixture
 def nvhook(tmp_path):
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f'[nvhook]\nsnapshot_dir = "{tmp_path}/snapshots"\n')
-    env = {"PATH": os.environ["PATH"], "NVHOOK_CONFIG": str(cfg)}
-
-    def call(*args: str) -> subprocess.CompletedProcess:
-        return run([NVHOOK, *args], env=env)
-
-    return call
+    return nvhook_caller(tmp_path)
 
 
 def from_list(doc: dict) -> dict:

@@ -20,30 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from libinject.errors import NvhookError
 from libinject.linux import native
 from support import hookenv
-from support.applyenv import LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot
+from support.applyenv import (LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot,
+                              try_apply)
 from support.runc import RuncError
 
 REFUSED = "on another mount than the rootfs's (a volume?); refusing"
 
 
-def _apply(rootfs: Path, edits, **kw):
-    from libinject.apply.live import apply
-    before = mountinfo()
-    try:
-        apply(edits, str(rootfs), **kw)
-        err = None
-    except NvhookError as e:
-        err = str(e)
-    return err, new_mounts(before, mountinfo())
-
-
 def _apply_with_volume(rootfs: Path, edits, vol: Path):
     """As a runtime would: the host dir `vol` bind-mounted at the image's /vol."""
     native.mount(str(vol), str(rootfs / "vol"), None, native.MS_BIND)
-    return _apply(rootfs, edits)
+    return try_apply(rootfs, edits)
 
 
 def _volume(tmp_path: Path, rootfs: Path) -> Path:
@@ -113,7 +102,7 @@ def _share_rootfs(rootfs: Path, peer: Path) -> None:
 
 def _apply_on_shared_rootfs(rootfs: Path, peer: Path, edits):
     _share_rootfs(rootfs, peer)
-    err, _ = _apply(rootfs, edits)
+    err, _ = try_apply(rootfs, edits)
     return err, [m.mountpoint for m in mountinfo() if m.mountpoint.startswith(f"{peer}/")]
 
 
@@ -142,7 +131,7 @@ def _apply_into_container_with_shared_rootfs(rootfs: Path, peer: Path, edits, re
             time.sleep(0.02)
         # (its /dev tmpfs, mounted on the shared rootfs, is here too: the runtime's)
         before = mountinfo()
-        err, _ = _apply(rootfs, edits, pid=p.pid)
+        err, _ = try_apply(rootfs, edits, pid=p.pid)
         here = [m.mountpoint for m in new_mounts(before, mountinfo())]
         there = [m.mountpoint for m in mountinfo(p.pid) if m.mountpoint.startswith(f"{rootfs}/")]
         return err, here, there

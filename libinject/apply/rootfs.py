@@ -784,17 +784,13 @@ class RootFS:
         """rename our finished temp entry `tmp` (stat `st`) to `name`, keeping what was
         there (old_fd: O_PATH of it) for rollback. Journaled before the rename, under
         both names: a kill on either side of it leaves nothing the replay cannot find."""
-        try:
+        from libinject.linux.atomic import discarded_on_error
+
+        with discarded_on_error(parent, tmp):
             self.journal.create(path, parent, name, False, st, durable=durable, alias=tmp)
             if old is not None:
                 self._save(path, parent, name, old_fd, old, durable)  # type: ignore[arg-type]
             os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=parent)
-            except OSError:
-                pass
-            raise
 
     def preserve(self, path: str) -> None:
         """Journal the current state of an entry something else will rewrite (the

@@ -11,6 +11,22 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def discarded_on_error(dir_fd: int, tmp: str) -> Iterator[None]:
+    """Unlink temp entry `tmp` of dir_fd if the block fails (it is about to be renamed
+    into place: on success it is gone under that name anyway)."""
+    try:
+        yield
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def open_dir(path: str) -> int:
@@ -27,7 +43,7 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
     tmp = f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
-    try:
+    with discarded_on_error(dir_fd, tmp):
         try:
             os.fchmod(fd, mode)
             view = memoryview(data)
@@ -37,12 +53,6 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
     try:
         os.fsync(dir_fd)        # the rename itself survives a crash
     except OSError as e:

@@ -174,13 +174,8 @@ def add_legacy_hook(spec: dict[str, Any], log: Log, config: str = "") -> bool:
 
 
 def apply_cdi_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) -> bool:
-    from libinject.apply import spec as apply_spec
-    from libinject.apply import cdi
-    from libinject.apply import cdi_validate
+    from libinject.apply import cdi, cdi_validate, spec as apply_spec
 
-    if not devices:
-        log.info("cdi: no devices requested")
-        return False
     names = cdi.qualify(devices, cfg.runtime.modes.cdi.default_kind)
     dirs = list(cfg.runtime.modes.cdi.spec_dirs)
     reg = cdi.scan(dirs, validate=lambda s, p: cdi_validate.semantic_errors(s))
@@ -195,13 +190,9 @@ def apply_cdi_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) 
 
 
 def apply_csv_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) -> bool:
-    from libinject.apply import spec as apply_spec
-    from libinject.apply import cdi
+    from libinject.apply import cdi, spec as apply_spec
     from libinject.plan import csv as csv_mode
 
-    if not devices:
-        log.info("csv: not a GPU container")
-        return False
     spec_dir = cfg.runtime.modes.csv.mount_spec_path
     root = cfg.cli.root or "/"
     edits = csv_mode.edits(csv_mode.read_dir(spec_dir), root)
@@ -234,9 +225,10 @@ def modify(spec: dict[str, Any], cfg, log: Log) -> bool:
     log.debug(f"mode {cfg.runtime.mode} -> {mode}; devices {devices or 'none'} from {source}")
     if mode == "legacy":
         return add_legacy_hook(spec, log, _explicit_config(cfg))
-    if mode == "cdi":
-        return apply_cdi_mode(spec, devices, cfg, log)
-    return apply_csv_mode(spec, devices, cfg, log)
+    if not devices:
+        log.info(f"{mode}: no devices requested")
+        return False
+    return (apply_cdi_mode if mode == "cdi" else apply_csv_mode)(spec, devices, cfg, log)
 
 
 # --- the create rewrite -----------------------------------------------------------------

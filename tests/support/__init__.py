@@ -10,4 +10,5 @@ here (or use conftest fixtures), never from each other.
   applyenv    private mount namespaces, mountinfo, tree snapshots, a hand-made driver root
   canary      canaries for container input reaching the host's hook
   serve_client  a Python client of `nvhook serve`
+  cli         the real `nvhook` CLI with a config of its own; a refusal's one clear line
 """

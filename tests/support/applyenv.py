@@ -1,8 +1,9 @@
-"""Helpers for the applier's tests (test_safefs.py, test_apply_live.py, test_hostile.py):
-in_ns (run a function in a forked child with its own private mount namespace),
-mountinfo (the product's parser; umount_under, for runtimes' leftovers), tree snapshots to show
-that nothing changed, and a hand-made driver root with the ContainerEdits a planner
-would make for it.
+"""Helpers for the applier's tests (test_safefs.py, test_apply_live.py, test_hostile.py,
+test_trust_rootfs_*.py): in_ns (run a function in a forked child with its own private mount
+namespace), mountinfo (the product's parser; umount_under, for runtimes' leftovers),
+try_apply (the applier's error and the mounts it left), tree snapshots to show that
+nothing changed, and a hand-made driver root with the ContainerEdits a planner would make
+for it.
 """
 from __future__ import annotations
 
@@ -81,6 +82,19 @@ def umount_under(top: Path | str) -> None:
 def new_mounts(before: list[Mount], after: list[Mount]) -> list[Mount]:
     ids = {m.id for m in before}
     return [m for m in after if m.id not in ids]
+
+
+def try_apply(rootfs: Path, edits: ContainerEdits, **kw) -> tuple[str | None, list[Mount]]:
+    """apply(edits, rootfs, **kw) here (in_ns it): the NvhookError's text (None if it
+    succeeded) and the mounts it left in this namespace."""
+    from libinject.apply.live import apply
+    before = mountinfo()
+    try:
+        apply(edits, str(rootfs), **kw)
+        err = None
+    except NvhookError as e:
+        err = str(e)
+    return err, new_mounts(before, mountinfo())
 
 
 def snapshot(top: Path, *, dir_mtimes: bool = True) -> dict:
