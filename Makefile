@@ -17,20 +17,19 @@ $(VENV)/.installed: $(NATIVE_SRC)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# The hook's compiled front (csrc/hookfront.c): static where libc.a allows, so no dynamic
-# loader (nor LD_PRELOAD) runs in it; it execs this venv's python for GPU containers.
+# The hook's compiled front (csrc/hookfront.c): static (libc.a, from libc6-dev), so no
+# dynamic loader (nor LD_PRELOAD) runs in it; it execs this venv's python for GPU
+# containers. No dynamic fallback: a front that honoured LD_PRELOAD would be a hole.
 # Python starts with -S and this import path (the package's dir and site-packages).
 PYPATH = $(shell $(PY) -c 'import sysconfig; print("$(abspath .):" + sysconfig.get_paths()["purelib"])' 2>/dev/null)
 FRONT_DEFS = -DNVHOOK_PYTHON='"$(abspath $(PY))"' -DNVHOOK_PYPATH='"$(PYPATH)"'
 $(VENV)/bin/nvhook-hook: csrc/hookfront.c csrc/pyexec.h $(VENV)/.installed
-	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/hookfront.c 2>/dev/null || \
-	$(CC) -O2 -Wall $(FRONT_DEFS) -o $@ csrc/hookfront.c
+	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/hookfront.c
 
 # The runtime shim's compiled front (csrc/shimfront.c): execs the low-level runtime for
 # every command but `create` without starting Python (engines call it many times a container).
 $(VENV)/bin/nvhook-runtime: csrc/shimfront.c csrc/pyexec.h $(VENV)/.installed
-	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/shimfront.c 2>/dev/null || \
-	$(CC) -O2 -Wall $(FRONT_DEFS) -o $@ csrc/shimfront.c
+	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/shimfront.c
 
 venv: deps $(VENV)/.installed $(VENV)/bin/nvhook-hook $(VENV)/bin/nvhook-runtime
 

@@ -23,8 +23,10 @@
  *
  * A prestart hook goes first to `nvhook serve` if one listens on --socket (default
  * NVHOOK_SOCKET_DEFAULT; "none" turns it off) and the listener is uid 0 in our own mount
- * namespace (a socket a container bound is never spoken to): the front sends its argv,
- * its cwd and the state (a memfd), and nothing else -- never runc's stdout/stderr, our
+ * and pid namespaces (its hello carries fds of them; a socket a container bound is never
+ * spoken to): the front sends its argv,
+ * its cwd, the state (a memfd) and fds of its own namespaces (the same proof for the
+ * service), and nothing else -- never runc's stdout/stderr, our
  * root or cwd, so a wedged service cannot hold the runtime's pipes open. The service
  * sends back the hook's status and what it wrote to stderr, which the front writes and
  * exits with (protocol: libinject/runtime/service.py). No service, or one that does not
@@ -284,8 +286,11 @@ static int listener_trusted(int s)
         return 0; /* pid 0: it lives in a pid namespace we cannot see */
     int pidfd = -1;
     l = sizeof pidfd;
-    if (getsockopt(s, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &l) < 0)
-        pidfd = -1; /* kernels before 6.5: the pid alone */
+    if (getsockopt(s, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &l) < 0) {
+        if (errno != ENOPROTOOPT)
+            return 0; /* e.g. the listener is gone: its pid may name another process now */
+        pidfd = -1;   /* kernels before 6.5: the pid alone (the hello below proves it) */
+    }
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/ns/mnt", cr.pid);
     struct stat a, b;
@@ -296,6 +301,46 @@ static int listener_trusted(int s)
         ok = syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
     if (pidfd >= 0)
         close(pidfd);
+    return ok;
+}
+
+/* Is fd the namespace /proc/self/ns/<name> is (same nsfs inode)? */
+static int same_ns(int fd, const char *name)
+{
+    char path[32];
+    snprintf(path, sizeof path, "/proc/self/ns/%s", name);
+    struct stat a, b;
+    return fd >= 0 && fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* The service's hello: "H" with fds of its mount and pid namespaces. Proof, on any kernel
+ * (no pid involved), that the listener runs in ours: a process elsewhere cannot hold
+ * them unless it could enter them anyway. */
+static int hello_proves_ours(int s)
+{
+    char buf[8];
+    union {
+        char b[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                         .msg_controllen = sizeof ctl.b};
+    ssize_t n;
+    do
+        n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    int fds[2] = {-1, -1};
+    struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(2 * sizeof(int)))
+        memcpy(fds, CMSG_DATA(c), sizeof fds);
+    int ok = n == 1 && buf[0] == 'H' && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+             same_ns(fds[0], "mnt") && same_ns(fds[1], "pid");
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
     return ok;
 }
 
@@ -341,15 +386,18 @@ static void try_serve(const char *cmd)
     struct timeval tv = {.tv_sec = SERVE_WAIT_S};
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0 || !listener_trusted(s)) {
+    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0 || !listener_trusted(s) ||
+        !hello_proves_ours(s)) {
         close(s); /* ENOENT, ECONNREFUSED, EACCES, not the real service: do it ourselves */
         return;
     }
-    int mfd = state_memfd();
-    int ok = mfd >= 0;
+    /* The state, and our own namespaces: the same proof for the service. */
+    int sfds[3] = {state_memfd(), open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC),
+                   open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)};
+    int ok = sfds[0] >= 0 && sfds[1] >= 0 && sfds[2] >= 0;
     if (ok) {
         union {
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(sizeof sfds)];
             struct cmsghdr align;
         } ctl;
         memset(&ctl, 0, sizeof ctl);
@@ -359,15 +407,17 @@ static void try_serve(const char *cmd)
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &mfd, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof sfds);
+        memcpy(CMSG_DATA(c), sfds, sizeof sfds);
         ssize_t w;
         do
             w = sendmsg(s, &msg, MSG_NOSIGNAL);
         while (w < 0 && errno == EINTR);
         ok = w == (ssize_t)len;
-        close(mfd);
     }
+    for (int i = 0; i < 3; i++)
+        if (sfds[i] >= 0)
+            close(sfds[i]);
     static char reply[MAX_REPLY];
     ssize_t n = ok ? recv_retry(s, reply, sizeof reply) : -1;
     if (n != 5 || reply[0] != 'A') {

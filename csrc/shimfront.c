@@ -119,9 +119,9 @@ static int config_needs_python(void)
         if (end)
             *end = '\0';
         char *p = line + strspn(line, " \t");
-        if (*p != '#')
+        if (*p != '#')      /* anywhere in the line: quoted, dotted and inline spellings too */
             for (const char *const *k = CONF_KEYS; *k; k++)
-                if (strncmp(p, *k, strlen(*k)) == 0 && strchr(" \t=", p[strlen(*k)]))
+                if (strstr(p, *k))
                     hit = 1;
         line = end ? end + 1 : NULL;
     }
@@ -132,9 +132,9 @@ static int config_needs_python(void)
 /* The first of RUNTIMES on PATH that is not this program, in buf; NULL if none. */
 static const char *find_runtime(char *buf, size_t size)
 {
-    char self[PATH_MAX], real[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[n > 0 ? n : 0] = '\0';
+    struct stat self;
+    if (stat("/proc/self/exe", &self) < 0)
+        return NULL;
     const char *path = getenv("PATH");
     if (!path || !*path)
         path = SAFE_PATH;
@@ -142,13 +142,14 @@ static const char *find_runtime(char *buf, size_t size)
         for (const char *d = path; d;) {
             const char *colon = strchr(d, ':');
             size_t len = colon ? (size_t)(colon - d) : strlen(d);
-            if (len && len + strlen(*r) + 2 <= size) {
+            if (len && d[0] == '/' && len + strlen(*r) + 2 <= size) { /* absolute entries only */
                 memcpy(buf, d, len);
                 buf[len] = '/';
                 strcpy(buf + len + 1, *r);
                 struct stat st;
+                /* never ourselves (a symlink or hard link to us), by inode */
                 if (stat(buf, &st) == 0 && S_ISREG(st.st_mode) && access(buf, X_OK) == 0 &&
-                    !(realpath(buf, real) && strcmp(real, self) == 0))
+                    !(st.st_dev == self.st_dev && st.st_ino == self.st_ino))
                     return buf;
             }
             d = colon ? colon + 1 : NULL;

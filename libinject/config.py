@@ -107,7 +107,7 @@ class NvhookConfig:
     dev_root: str = ""                  # where dev/ and proc/ are read ("" = driver root)
     log_file: str = ""                  # hook log ("" = [nvidia-container-cli] debug)
     log_level: str = ""                 # "" = [nvidia-container-runtime] log-level
-    socket: str = SERVE_SOCKET          # `nvhook serve`: where it listens (hookfront: $NVHOOK_SOCKET)
+    socket: str = SERVE_SOCKET          # `nvhook serve`: where it listens (hooks: --socket)
     serve_timeout: float = 60.0         # `nvhook serve`: seconds one request may take
 
 
@@ -190,10 +190,8 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
     path, required = config_path(explicit, environ)
     from libinject.linux.files import read_bounded
 
-    if trusted and os.path.lexists(path):
-        _check_root_owned(path)
-
-    data = read_bounded(path, MAX_CONFIG_BYTES, "config file", missing_ok=True)
+    check = (lambda fd, st: _check_root_owned(path, fd, st)) if trusted else None
+    data = read_bounded(path, MAX_CONFIG_BYTES, "config file", missing_ok=True, check=check)
     if data is None:
         if required:
             raise NvhookError(f"config file {path} not found")
@@ -201,22 +199,35 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
     return parse(data, path)
 
 
-def _check_root_owned(path: str) -> None:
-    """The file, and every directory on the way to it, root-owned and not writable by
-    group or others (a sticky directory such as /tmp may be: nobody else can replace
-    root's entries in it)."""
+def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
+    """The opened file (fd, st), every directory on the way to it, and every symlink on
+    the path as given: root-owned and not writable by group or others (a sticky
+    directory such as /tmp may be: nobody else can replace root's entries in it)."""
     import stat
 
-    real = os.path.realpath(path)
-    st = os.stat(real)
+    def refuse(what: str) -> NvhookError:
+        return NvhookError(f"config file {path}: {what} must be owned by root and writable by "
+                           "nobody else")
+
     if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise NvhookError(f"config file {path}: must be owned by root and writable by nobody else")
-    d = os.path.dirname(real)
+        raise refuse("the file")
+    # Symlinks named on the way (their targets' directories are checked below, by where
+    # the opened file really is).
+    parts = os.path.abspath(path).split("/")
+    for i in range(2, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        try:
+            lst = os.lstat(sub)
+        except OSError:
+            raise refuse(sub) from None
+        if stat.S_ISLNK(lst.st_mode) and lst.st_uid != 0:
+            raise refuse(f"symlink {sub}")
+    d = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
     while True:
-        st = os.stat(d)
-        if st.st_uid != 0 or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
-            raise NvhookError(f"config file {path}: directory {d} must be owned by root and "
-                              "writable by nobody else")
+        dst = os.stat(d)
+        if dst.st_uid != 0 or (dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                               and not dst.st_mode & stat.S_ISVTX):
+            raise refuse(f"directory {d}")
         if d == "/":
             return
         d = os.path.dirname(d)

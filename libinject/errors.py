@@ -17,8 +17,11 @@ class NvhookError(Exception):
 
 
 def error_line(e: BaseException | str) -> str:
-    """The line users see for e (an NvhookError, or a message)."""
+    """The line users see for e (an NvhookError, or a message). Control characters (a
+    container's values can be in the message) are escaped: no terminal or log forging."""
     text = str(e).replace("\n", " ")
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return f"{PREFIX}{text}\n"
 
 

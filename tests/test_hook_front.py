@@ -200,3 +200,25 @@ def test_every_gpu_request_reaches_python(tmp_path, fake_front):
         _, ran = _run(fake_front, _state(b), "prestart")
         if wants_gpu(spec, cfg):
             assert ran, env
+
+
+def _has_interpreter(path: str) -> bool:
+    """Does the ELF file at path ask for a dynamic loader (a PT_INTERP program header)?"""
+    import struct
+
+    with open(path, "rb") as f:
+        elf = f.read()
+    assert elf[:4] == b"\x7fELF" and elf[4] == 2          # ELF64
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3 for i in range(phnum))
+
+
+def test_fronts_are_static():
+    """No dynamic loader runs in the fronts, so LD_PRELOAD and LD_LIBRARY_PATH in their
+    environment (the container's, for a createContainer hook) load nothing."""
+    from support.shimenv import SHIM
+
+    for front in (hookenv.ensure_front(), SHIM):
+        assert not _has_interpreter(front), front
+    assert _has_interpreter("/bin/sh")                   # the check itself sees one

@@ -185,7 +185,9 @@ def test_malformed_requests_are_declined(tmp_path, server):
 
     def raw(msg: bytes, fds: list[int]) -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(30)
             s.connect(str(server.sock))
+            assert serve_client.hello(s)
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
             s.sendmsg([msg], anc)
             s.settimeout(30)
@@ -194,18 +196,24 @@ def test_malformed_requests_are_declined(tmp_path, server):
     good = serve_client.encode_request(["nvhook-hook", "prestart"])
     state = os.memfd_create("state")
     d = os.open("/", os.O_PATH)
+    ns = serve_client.own_ns_fds()
+    other = os.open("/proc/self/ns/net", os.O_RDONLY)     # a namespace fd, not the right one
+    ok = [state, *ns]
     try:
-        assert raw(b"hello\0", [state])[:1] != hookserver.ACCEPTED
+        assert raw(good, ok)[:1] == hookserver.ACCEPTED                     # (then not committed)
+        assert raw(b"hello\0", ok)[:1] != hookserver.ACCEPTED
         assert raw(good, [])[:1] != hookserver.ACCEPTED
-        assert raw(good, [state, 1, 2])[:1] != hookserver.ACCEPTED        # stdio is never taken
-        assert raw(serve_client.encode_request(["x", "poststop"]), [state])[:1] != hookserver.ACCEPTED
-        assert raw(serve_client.encode_request(["x", "createContainer"]), [state])[:1] != hookserver.ACCEPTED
-        assert raw(good + b"eLD_PRELOAD=/x\0", [state])[:1] != hookserver.ACCEPTED   # no env items
-        assert raw(good, [d])[:1] != hookserver.ACCEPTED                   # state not a file
+        assert raw(good, [state])[:1] != hookserver.ACCEPTED                # no namespace proof
+        assert raw(good, [state, 1, 2])[:1] != hookserver.ACCEPTED          # stdio is never taken
+        assert raw(good, [state, other, ns[1]])[:1] != hookserver.ACCEPTED  # not our mount ns
+        assert raw(serve_client.encode_request(["x", "poststop"]), ok)[:1] != hookserver.ACCEPTED
+        assert raw(serve_client.encode_request(["x", "createContainer"]), ok)[:1] != hookserver.ACCEPTED
+        assert raw(good + b"eLD_PRELOAD=/x\0", ok)[:1] != hookserver.ACCEPTED   # no env items
+        assert raw(good, [d, *ns])[:1] != hookserver.ACCEPTED               # state not a file
     finally:
-        os.close(state)
-        os.close(d)
-    assert server.log().count("declined") == 7, server.log()
+        for fd in (state, d, other, *ns):
+            os.close(fd)
+    assert server.log().count("declined") == 9, server.log()
     assert serve_client.call(str(server.sock), ["nvhook-hook", "poststop"], b"{}") is None
 
 
@@ -221,13 +229,16 @@ def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
                  f'"bundle":"{c.bundle}"}}').encode()
         mfd = os.memfd_create("state")
         os.write(mfd, state)
+        ns = serve_client.own_ns_fds()
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
             s.settimeout(30)
             s.connect(str(server.sock))
+            assert serve_client.hello(s)
             msg = serve_client.encode_request(["nvhook-hook", "--config", str(hook_config), "prestart"])
-            s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", mfd))])
+            s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", mfd, *ns))])
             assert s.recv(16)[:1] == hookserver.ACCEPTED
-        os.close(mfd)
+        for fd in (mfd, *ns):
+            os.close(fd)
         server.wait_until(server.statuses, "done with the request")
         assert server.statuses() == [0]
         # the worker returned before the hook ran: nothing even opened the hook's log

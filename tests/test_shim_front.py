@@ -86,3 +86,21 @@ def test_never_execs_itself(tmp_path, env):
     r, progs = _execs(tmp_path, [SHIM, "state", "cid"], env)
     assert r.stdout == f"{fake} state cid\n"
     assert progs == [SHIM, str(fake)]
+
+
+def test_python_shim_never_picks_the_front(tmp_path):
+    """On `create` the Python shim picks the runtime: a `runc` that is the compiled front
+    (a symlink or a hard link) would exec the front again, in a loop."""
+    from libinject.errors import NvhookError
+    from libinject.runtime.shim import find_runtime
+
+    d = tmp_path / "bin"
+    d.mkdir()
+    os.symlink(SHIM, d / "runc")
+    os.link(SHIM, d / "docker-runc")
+    fake = _fake_runtime(d, "crun")
+    rel = tmp_path / "rel"
+    _fake_runtime(rel, "runc")
+    assert find_runtime(["docker-runc", "runc", "crun"], path=f"rel:{d}") == str(fake)
+    with pytest.raises(NvhookError, match="no low-level runtime found"):
+        find_runtime(["docker-runc", "runc", "./rel/runc"], path=str(d))

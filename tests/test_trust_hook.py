@@ -198,9 +198,9 @@ def test_service_refuses_a_root_peer_in_another_mount_namespace(tmp_path, server
 # -- 9. a stuck service never blocks a container start ------------------------------------------------
 
 def test_wedged_service_never_holds_the_runtime(tmp_path, hook_config, gpu_uuids, sockdir):
-    """A service that accepts and never answers: the front falls back after its wait, and
-    since it never handed over runc's stdout/stderr, `runc run` is not left waiting for EOF
-    on them for as long as the service is stuck."""
+    """A service that accepts and never answers: the front falls back after its wait (5 s),
+    and since it never hands over runc's stdout/stderr, `runc run` is not left waiting for
+    EOF on them for as long as the service is stuck."""
     fake = FakeServer(sockdir / "hook.sock", tmp_path / "requests")
     try:
         t = time.monotonic()
@@ -209,8 +209,10 @@ def test_wedged_service_never_holds_the_runtime(tmp_path, hook_config, gpu_uuids
             r = c.run(timeout=40)
         assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
         assert time.monotonic() - t < 30
-        sent = fake.requests()
-        assert len(sent) == 1 and sent[0].split()[1] == "1", sent   # the state memfd only
+        deadline = time.monotonic() + 10
+        while not fake.requests() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fake.requests() == ["0 0"]       # it never said hello: the front sent nothing
     finally:
         fake.stop()
 
@@ -263,3 +265,35 @@ def test_fake_server_records_what_it_gets(tmp_path, sockdir):
         assert serve_client.encode_request(["a", "prestart"]).startswith(b"NVHOOK2\0")
     finally:
         fake.stop()
+
+
+def _hook_with_config(tmp_path: Path, cfg: Path) -> subprocess.CompletedProcess:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+        "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=9"]}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": 1,
+                        "bundle": str(bundle)})
+    return subprocess.run([hookenv.ensure_front(), "--config", str(cfg), "--socket", "none", "prestart"],
+                          input=state, capture_output=True, text=True, env={}, timeout=60)
+
+
+def test_hook_reads_only_a_config_only_root_could_write(tmp_path, a100_host):
+    """The hook entry names the config, but a file (or a directory or symlink on its way)
+    that someone else could have written or swapped chooses nothing."""
+    good = hookenv.write_config(tmp_path / "good.toml", a100_host)
+    assert _hook_with_config(tmp_path, good).stderr == "nvhook: unknown device: 9\n"  # read
+    mine = hookenv.write_config(tmp_path / "mine.toml", a100_host)
+    os.chown(mine, 65534, 65534)
+    wide = tmp_path / "wide"
+    wide.mkdir(mode=0o777)
+    os.chmod(wide, 0o777)
+    in_wide = hookenv.write_config(wide / "c.toml", a100_host)
+    link = tmp_path / "link.toml"
+    os.symlink(good, link)
+    os.lchown(link, 65534, 65534)
+    for cfg, what in ((mine, "the file"), (in_wide, f"directory {wide}"), (link, f"symlink {link}")):
+        r = _hook_with_config(tmp_path, cfg)
+        assert r.returncode == 1 and r.stderr == (
+            f"nvhook: config file {cfg}: {what} must be owned by root and writable by nobody else\n"), r.stderr

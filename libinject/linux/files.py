@@ -24,10 +24,12 @@ def kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a file")
 
 
-def read_bounded(path: str, limit: int, what: str, *, missing_ok: bool = False) -> bytes | None:
+def read_bounded(path: str, limit: int, what: str, *, missing_ok: bool = False,
+                 check=None) -> bytes | None:
     """The whole file, at most `limit` bytes; NvhookError naming `what` and path otherwise
     (also for anything but a regular file). A missing file is None when missing_ok
-    (callers with a default)."""
+    (callers with a default). check(fd, stat): called on the opened file before it is
+    read (it raises to refuse it): what is checked is what is read."""
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOCTTY: a tty given
         # as a config must not become our controlling terminal.
@@ -46,6 +48,8 @@ def read_bounded(path: str, limit: int, what: str, *, missing_ok: bool = False) 
             raise NvhookError(f"cannot read {what} {path}: {kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise NvhookError(f"{what} {path} is larger than {limit} bytes")
+        if check is not None:
+            check(fd, st)
         chunks: list[bytes] = []
         n = 0
         while n <= limit:

@@ -115,8 +115,12 @@ def _handle(stage, data, args, cwd, discover) -> int:
     from libinject.request import oci_state
     from libinject.request.oci_spec import request_from_spec
 
-    if args.debug and not os.path.isabs(args.debug):
-        raise NvhookError(f"--debug {args.debug}: the hook's log file must be an absolute path")
+    for opt in ("debug", "config", "root"):     # (--ldcache is inside the driver root)
+        value = getattr(args, opt, None)
+        if value and not value.startswith("/"):
+            # relative to what? the runtime's cwd is the bundle (or the rootfs)
+            what = "log file" if opt == "debug" else opt
+            raise NvhookError(f"--{opt} {value}: the hook's {what} must be an absolute path")
     log = Log(args.debug or "", level="debug")
     try:
         cfg = config_mod.load(args.config, {}, trusted=True)

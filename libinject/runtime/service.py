@@ -9,9 +9,12 @@ is optional and the hook's behaviour is the same either way: the worker runs
 libinject.runtime.hook.handle(), the very function the exec'd Python runs.
 
 Protocol (SOCK_SEQPACKET, one message each way, so no framing):
+  server -> front: b"H" with SCM_RIGHTS [our mount ns, our pid ns] as soon as a peer is
+      accepted: the front talks on only if they are its own namespaces.
   front -> server: b"NVHOOK2\0" then items b"a<argv entry>\0" and b"c<cwd>\0" (where the
       runtime started the hook: a relative bundle is taken from there), with SCM_RIGHTS
-      [state memfd]. Nothing else: no environment, no stdio, no root or cwd fd.
+      [state memfd, its mount ns, its pid ns]. Nothing else: no environment, no stdio, no
+      root or cwd fd.
   server -> front: b"A" + int32 serve-timeout (s) once the worker would take the request;
   front -> server: b"G": the front is committed (it no longer falls back: the container
       may be partly configured from now on); only then does the worker start. A front
@@ -26,9 +29,10 @@ Protocol (SOCK_SEQPACKET, one message each way, so no framing):
   tests/support/serve_client.py.)
 
 Trust: the service serves only the runtime. A peer must be uid 0 and in the service's
-own mount namespace (checked through SO_PEERPIDFD where the kernel has it, so a pid
-taken over by another process is never believed): a root process in a container that
-reached the socket is refused. The front checks the same of the listener before it
+own mount and pid namespaces: a root process in a container that reached the socket is
+refused. The proof is the namespace fds each side sends (no pid is believed: a pid can
+be taken over by another process); SO_PEERCRED and, where the kernel has it,
+SO_PEERPIDFD only filter early. The front checks the same of the listener before it
 sends anything. Workers never enter a peer's namespaces or root: they run in the
 service's own, so what they exec (ldconfig, the NVML child's python) is the host's,
 opened as the service would. Only the prestart stage is served (a createContainer hook
@@ -38,7 +42,9 @@ needs, and its environment is PATH alone: settings come from the hook's argv
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import selectors
 import signal
@@ -57,9 +63,11 @@ from libinject.linux.child import Child
 MAGIC = b"NVHOOK2"
 MAX_REQUEST = 64 << 10          # argv + cwd: a few hundred bytes in practice
 MAX_OUTPUT = (16 << 10) - 5     # the hook's output sent back (hookfront.c MAX_REPLY)
-NFDS = 1                        # the state memfd
+NFDS = 3                        # the state memfd, the front's mount and pid namespaces
+NAMESPACES = ("mnt", "pid")     # what both sides prove they share
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)     # Linux 6.5
 SERVED_STAGES = ("prestart",)
+HELLO = b"H"
 ACCEPTED = b"A"
 GO = b"G"
 STATUS = b"S"
@@ -309,6 +317,8 @@ class Server:
         self.lock = -1
         self._st: os.stat_result | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.pid = os.getpid()
+        self.ns_fds = [os.open(f"/proc/self/ns/{n}", os.O_RDONLY | os.O_CLOEXEC) for n in NAMESPACES]
 
     def log(self, msg: str) -> None:
         if self.log_fd is None:
@@ -412,6 +422,13 @@ class Server:
             self.log(f"busy ({len(self.jobs)} requests): peer {pid} falls back")
             conn.close()
             return
+        try:        # the hello: our namespaces, for the front to check before it says anything
+            conn.sendmsg([HELLO], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    struct.pack(f"{len(self.ns_fds)}i", *self.ns_fds))],
+                         socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except OSError:
+            conn.close()
+            return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
         output = os.memfd_create("nvhook-output", os.MFD_CLOEXEC)
         sys.stdout.flush()
@@ -504,7 +521,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
-        if os.getppid() == 1:
+        if os.getppid() != self.server.pid:   # the server died before we got here
             return INTERNAL
         before = set(sys.modules)
 
@@ -522,7 +539,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         if req is None:
             return 0            # declined: the front falls back to exec'ing Python
         state = _read_fd(fds[0])
-        os.close(fds[0])
+        for fd in fds:
+            os.close(fd)
 
         # The hook's stdout and stderr go to a memfd the server sends back to the front;
         # its env is PATH alone; nothing of the server's is left open.
@@ -530,7 +548,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         os.dup2(self.output, 2)
         devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         os.dup2(devnull, 0)
-        keep = {0, 1, 2, self.conn.fileno(), self.learned}
+        keep = {0, 1, 2, self.conn.fileno(), self.learned, *self.server.ns_fds}
         if self.server.log_fd is not None:
             keep.add(self.server.log_fd)
         _close_all_but(keep)
@@ -549,8 +567,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             self.log(f"request from pid {self.peer}: {' '.join(req.argv[1:])} cwd={req.cwd} "
                      f"env=[{' '.join(sorted(os.environ))}]")
         try:
-            self.conn.send(ACCEPTED + struct.pack("i", int(min(self.server.timeout, 86400))),
-                           socket.MSG_NOSIGNAL)
+            limit = math.ceil(min(self.server.timeout, 86400))     # the front adds its grace
+            self.conn.send(ACCEPTED + struct.pack("i", max(1, limit)), socket.MSG_NOSIGNAL)
             if self.conn.recv(16) != GO:
                 return 0        # it fell back (or went away): not ours to do
         except OSError:
@@ -603,7 +621,19 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             return decline(f"stage {req.stage!r} is not served")
         if not stat.S_ISREG(os.fstat(fds[0]).st_mode):
             return decline("state is not a regular file")
+        for fd, name in zip(fds[1:], NAMESPACES):
+            if not _same_ns(fd, name):
+                return decline(f"the peer is not in our {name} namespace")
         return req
+
+
+def _same_ns(fd: int, name: str) -> bool:
+    """Is fd our /proc/self/ns/<name> (the same nsfs inode)?"""
+    try:
+        a, b = os.fstat(fd), os.stat(f"/proc/self/ns/{name}")
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _untrusted_peer(conn: socket.socket, pid: int, uid: int) -> str:
@@ -617,8 +647,9 @@ def _untrusted_peer(conn: socket.socket, pid: int, uid: int) -> str:
     pidfd = -1
     try:
         pidfd = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
-    except OSError:
-        pass
+    except OSError as e:
+        if e.errno != errno.ENOPROTOOPT:    # e.g. the peer is gone: its pid may be another's
+            return f"no pidfd: {e.strerror}"
     try:
         try:
             theirs = os.stat(f"/proc/{pid}/ns/mnt")

@@ -110,13 +110,29 @@ def Log(path: str, fmt: str = "text", debug: bool = False, extra: str = ""):
 
 
 def find_runtime(runtimes: Sequence[str], path: str | None = None) -> str:
-    """The first of `runtimes` that exists (a path, or a name looked up in PATH),
-    never ourselves."""
-    me = {os.path.realpath(p) for p in (sys.argv[0], shutil.which("nvhook-runtime") or "") if p}
+    """The first of `runtimes` that exists (an absolute path, or a name looked up in the
+    absolute entries of PATH), never ourselves: not the compiled front beside our
+    interpreter nor one on PATH, by inode (a symlink or hard link to it would exec us
+    in a loop)."""
+    me = set()
+    for p in (sys.argv[0], os.path.join(os.path.dirname(sys.executable), "nvhook-runtime"),
+              shutil.which("nvhook-runtime") or ""):
+        try:
+            st = os.stat(p)
+            me.add((st.st_dev, st.st_ino))
+        except (OSError, ValueError):
+            pass
     search = path if path is not None else os.environ.get("PATH") or SAFE_PATH
+    search = os.pathsep.join(d for d in search.split(os.pathsep) if d.startswith("/"))
     for r in runtimes:
-        cand = r if "/" in r else shutil.which(r, path=search)
-        if cand and os.access(cand, os.X_OK) and os.path.realpath(cand) not in me:
+        cand = (r if r.startswith("/") else None) if "/" in r else shutil.which(r, path=search)
+        if not cand or not os.access(cand, os.X_OK):
+            continue
+        try:
+            st = os.stat(cand)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in me:
             return cand
     raise NvhookError(f"no low-level runtime found (tried {', '.join(runtimes)})")
 

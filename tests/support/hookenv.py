@@ -39,11 +39,8 @@ def ensure_front() -> str:
         pypath = f"{REPO}:{sysconfig.get_paths()['purelib']}"
         defines = [f'-DNVHOOK_PYTHON="{PY}"', f'-DNVHOOK_PYPATH="{pypath}"']
         tmp = FRONT.with_name(f".nvhook-hook.{os.getpid()}")
-        r = subprocess.run(["cc", "-O2", "-static", *defines, "-o", str(tmp), str(FRONT_SRC)],
-                           capture_output=True, timeout=120)
-        if r.returncode != 0:
-            subprocess.run(["cc", "-O2", *defines, "-o", str(tmp), str(FRONT_SRC)], check=True,
-                           timeout=120)
+        subprocess.run(["cc", "-O2", "-static", *defines, "-o", str(tmp), str(FRONT_SRC)],
+                       check=True, capture_output=True, timeout=120)
         os.replace(tmp, FRONT)
     return str(FRONT)
 

@@ -6,7 +6,7 @@ import os
 import socket
 import struct
 
-from libinject.runtime.service import ACCEPTED, CRASHED, GO, MAGIC, STATUS
+from libinject.runtime.service import ACCEPTED, CRASHED, GO, HELLO, MAGIC, NAMESPACES, STATUS
 
 
 def encode_request(argv: list[str], cwd: str | None = "/") -> bytes:
@@ -16,6 +16,23 @@ def encode_request(argv: list[str], cwd: str | None = "/") -> bytes:
     if cwd is not None:
         out.append(b"c" + cwd.encode())
     return b"\0".join(out) + b"\0"
+
+
+def own_ns_fds() -> list[int]:
+    return [os.open(f"/proc/self/ns/{n}", os.O_RDONLY | os.O_CLOEXEC) for n in NAMESPACES]
+
+
+def hello(s: socket.socket) -> bool:
+    """Read the service's hello; True if its namespace fds are ours (what the front checks)."""
+    data, anc, flags, _ = s.recvmsg(16, socket.CMSG_SPACE(8 * 4))
+    fds = [f for level, kind, p in anc if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+           for f in struct.unpack(f"{len(p) // 4}i", p[:len(p) // 4 * 4])]
+    try:
+        same = [os.fstat(f)[1:3] == os.stat(f"/proc/self/ns/{n}")[1:3] for f, n in zip(fds, NAMESPACES)]
+        return data == HELLO and len(fds) == len(NAMESPACES) and all(same)
+    finally:
+        for f in fds:
+            os.close(f)
 
 
 def call(path: str, argv: list[str], state: bytes, cwd: str = "/",
@@ -29,8 +46,15 @@ def call(path: str, argv: list[str], state: bytes, cwd: str = "/",
         try:
             s.settimeout(5.0)           # as hookfront.c's SERVE_WAIT_S
             s.connect(path)
-            s.sendmsg([encode_request(argv, cwd)],
-                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", mfd))])
+            if not hello(s):
+                return None
+            ns = own_ns_fds()
+            try:
+                s.sendmsg([encode_request(argv, cwd)],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", mfd, *ns))])
+            finally:
+                for f in ns:
+                    os.close(f)
             first = s.recv(16)
         except OSError:
             return None
