@@ -1,8 +1,9 @@
 /*
- * The compiled fronts' one way into Python (csrc/hookfront.c, csrc/shimfront.c): exec the
- * venv's interpreter isolated, `python -I [-S] -c MAIN PYPATH ARGS...`, where MAIN puts
- * PYPATH (the package's dir and site-packages, baked in by `make venv`) on sys.path.
- * -S skips site's .pth processing (~20 ms of start-up) when the path is known.
+ * What the compiled fronts (csrc/hookfront.c, csrc/shimfront.c) share: their one way into
+ * Python -- exec the venv's interpreter isolated, `python -I [-S] -c MAIN PYPATH ARGS...`,
+ * where MAIN puts PYPATH (the package's dir and site-packages, baked in by `make venv`)
+ * on sys.path; -S skips site's .pth processing (~20 ms of start-up) -- and the scan of a
+ * config.toml for keys that mean "let Python decide".
  */
 #ifndef NVHOOK_PYEXEC_H
 #define NVHOOK_PYEXEC_H
@@ -56,6 +57,25 @@ static void exec_venv_python(const char *main_code, int argc, char *const *argv,
     execve(python, av, envp);
     dprintf(2, "nvhook: cannot run %s: %s\n", python, strerror(errno));
     _exit(fail);
+}
+
+/* Does text (NUL-terminated, modified) name one of keys outside a comment line? Anywhere
+ * in the line: quoted, dotted and inline-table spellings count too (a false hit only
+ * sends the work to Python). */
+static int conf_names_key(char *text, const char *const *keys)
+{
+    for (char *line = text; line && *line;) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        char *p = line + strspn(line, " \t");
+        if (*p != '#')
+            for (const char *const *k = keys; *k; k++)
+                if (strstr(p, *k))
+                    return 1;
+        line = end ? end + 1 : NULL;
+    }
+    return 0;
 }
 
 #endif

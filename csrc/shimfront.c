@@ -113,18 +113,7 @@ static int config_needs_python(void)
         return 1;
     }
     text[n] = '\0';
-    int hit = 0;
-    for (char *line = text; line && *line && !hit;) {
-        char *end = strchr(line, '\n');
-        if (end)
-            *end = '\0';
-        char *p = line + strspn(line, " \t");
-        if (*p != '#')      /* anywhere in the line: quoted, dotted and inline spellings too */
-            for (const char *const *k = CONF_KEYS; *k; k++)
-                if (strstr(p, *k))
-                    hit = 1;
-        line = end ? end + 1 : NULL;
-    }
+    int hit = conf_names_key(text, CONF_KEYS);
     free(text);
     return hit;
 }
