@@ -20,7 +20,6 @@ CONFIGURE_STAGES = ("prestart", "createContainer")
 
 # Character device majors.
 NVIDIA_MAJOR = 195              # /dev/nvidia*, nvidiactl, nvidia-modeset
-DRM_MAJOR = 226                 # /dev/dri/card*, renderD*
 
 # IPC sockets, as containers see them (the host's are under the driver root's run/).
 PERSISTENCED_SOCKET = "/run/nvidia-persistenced/socket"

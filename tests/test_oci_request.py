@@ -5,7 +5,8 @@ import pytest
 
 from libinject import config as config_mod
 from libinject.errors import NvhookError
-from libinject.request.oci_spec import (ALL_CAPABILITIES, container_env, devices_from_mounts,
+from libinject.constants import ALL_CAPABILITIES
+from libinject.request.oci_spec import (container_env, devices_from_mounts,
                                    is_privileged, legacy_cuda_version, request_from_spec,
                                    wants_gpu)
 

@@ -84,7 +84,8 @@ def _preload(edits: ContainerEdits) -> None:
         from libinject.apply import ldconfig  # noqa: F401
 
 
-def _caps_kept() -> set[int]:
+def caps_kept() -> set[int]:
+    """The capabilities applying edits needs (the rest is dropped for good)."""
     return {prctl.CAP_SYS_ADMIN, prctl.CAP_SYS_CHROOT, prctl.CAP_CHOWN, prctl.CAP_FOWNER,
             prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ_SEARCH, prctl.CAP_SETUID,
             prctl.CAP_SETGID, prctl.CAP_SETPCAP, prctl.CAP_KILL}
@@ -277,7 +278,7 @@ def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
         os.chdir("/")
         rootfs = _container_rootfs(rootfs, host_id)
         _mark("setns")
-    limit_capabilities(_caps_kept())
+    limit_capabilities(caps_kept())
     root = RootFS(rootfs, journal, own_ns=own_ns)
     _mark("caps")
     try:

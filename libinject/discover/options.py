@@ -20,11 +20,9 @@ class DiscoverOptions:
     def discover(self, fn: Callable | None = None, log: Callable[[str], None] | None = None):
         """The Driver under these options; fn stands in for discover.driver.discover
         (the hook service's cache has its signature). log: gets a line when a bad
-        snapshot is discarded (passed on only when given, so a stand-in without the
-        parameter keeps working)."""
+        snapshot is discarded."""
         if fn is None:
             from libinject.discover.driver import discover as fn
-        extra = {} if log is None else {"log": log}
         return fn(self.root, ldcache=self.ldcache, dev_root=self.dev_root,
                   nvml_timeout=self.nvml_timeout, user=self.user, snapshot=self.snapshot,
-                  snapshot_dir=self.snapshot_dir, **extra)
+                  snapshot_dir=self.snapshot_dir, log=log)

@@ -35,7 +35,7 @@ from libinject.errors import NvhookError
 from libinject.request.model import Request
 from libinject.request.oci_state import field
 
-from libinject.constants import ALL_CAPABILITIES, DEFAULT_CAPABILITIES  # noqa: F401 (re-exported)
+from libinject.constants import DEFAULT_CAPABILITIES
 
 DEVICES_ROOT = "/var/run/nvidia-container-devices"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"

@@ -548,19 +548,19 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         os.dup2(self.output, 2)
         devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         os.dup2(devnull, 0)
-        keep = {0, 1, 2, self.conn.fileno(), self.learned, *self.server.ns_fds}
+        keep = {0, 1, 2, self.conn.fileno(), self.learned}
         if self.server.log_fd is not None:
             keep.add(self.server.log_fd)
         _close_all_but(keep)
         os.environ.clear()
         os.environ["PATH"] = SAFE_PATH
-        from libinject.apply.live import _caps_kept
+        from libinject.apply.live import caps_kept
         from libinject.linux.privileges import limit_capabilities
 
         # What the hook needs, for good: the applier's set, and CAP_SYS_PTRACE to open the
         # container's namespaces (/proc/PID/ns of a non-dumpable process) before it drops
         # to the applier's set.
-        limit_capabilities(_caps_kept() | {prctl.CAP_SYS_PTRACE})
+        limit_capabilities(caps_kept() | {prctl.CAP_SYS_PTRACE})
         from libinject.runtime import hook
 
         if self.server.verbose:
