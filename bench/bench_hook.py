@@ -2,10 +2,13 @@
 without a hook, in one run, on a simulated a100x8 host.
 
 Cases: no hook (baseline); hook + a container that wants no GPU; 1 GPU utility,compute;
-all 8 GPUs with all capabilities. Prints the added milliseconds (median, p90) and the
-ratio to NVIDIA's stack measured on this machine kind (hook + nvidia-container-cli:
-~32 ms for 1 GPU, ~36 ms for 8 GPUs all caps; its Go hook alone ~5-7 ms for no GPU).
-Then 20 containers with 1 GPU started in parallel: all must succeed.
+all 8 GPUs with all capabilities. Prints the added milliseconds (median, p90), the
+ratio to NVIDIA's stack measured on this machine kind (its hook 1.20 +
+nvidia-container-cli, interleaved medians of 20: 26 ms for 1 GPU, 36 ms for 8 GPUs all
+caps, 5 ms for no GPU) and the target each case has: exec'd at most NVIDIA's, served at
+most half of it, no GPU at most 1 ms (the hook process alone: a no-GPU difference of
+runc runs is within their noise). Then 50 containers with 1 GPU started at once,
+exec'd and served: all must succeed.
 
 The GPU cases run twice: exec'd (the front execs Python; --socket none) and served
 (the front hands them to a warm `nvhook serve`, libinject/runtime/service.py, started here on
@@ -31,7 +34,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
-NVIDIA_MS = {"no GPU": 6.0, "1 GPU utility,compute": 32.0, "8 GPUs all caps": 36.0}
+NVIDIA_MS = {"no GPU": 5.0, "1 GPU utility,compute": 26.0, "8 GPUs all caps": 36.0}
+NO_GPU_TARGET_MS = 1.0
 GPU1 = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility,compute"]
 GPU8 = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"]
 SERVED = " (served)"
@@ -85,7 +89,7 @@ def _serve(cfg: Path, sock: Path, log: Path) -> subprocess.Popen:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--parallel", type=int, default=20)
+    ap.add_argument("--parallel", type=int, default=50)
     ap.add_argument("--no-snapshot", action="store_true", help="rediscover the driver on every start")
     ap.add_argument("--no-serve", action="store_true", help="only the exec'd hook (no `nvhook serve`)")
     opts = ap.parse_args()
@@ -136,8 +140,12 @@ def main() -> int:
             med, p90 = _stats(times[name])
             added, added90 = med - base, p90 - base90
             ref = NVIDIA_MS[name.removesuffix(SERVED)]
-            target = ref if name == "no GPU" else ref / 2
-            verdict = "ok" if added <= target else "over target"
+            if name == "no GPU":
+                print(f"  {name:32s} {med:7.1f} / {p90:6.1f}   added {added:6.1f} / {added90:6.1f}   "
+                      f"(NVIDIA's {ref:.0f} ms; the target is the hook process alone, below)")
+                continue
+            target = ref / 2 if name.endswith(SERVED) else ref
+            verdict = "met" if added <= target else "NOT MET"
             ok &= added <= target
             print(f"  {name:32s} {med:7.1f} / {p90:6.1f}   added {added:6.1f} / {added90:6.1f}   "
                   f"x{med / base:.2f} of runc run   {added / ref:.2f} of NVIDIA's {ref:.0f} ms "
@@ -152,10 +160,13 @@ def main() -> int:
             subprocess.run([hook["path"], "--config", str(cfg), "prestart"], input=st, check=True, env={})
             front.append((time.perf_counter() - t) * 1000)
         fmed, f90 = _stats(front)
-        print(f"  hook process alone, no GPU: median {fmed:.2f} ms, p90 {f90:.2f} ms")
+        verdict = "met" if fmed <= NO_GPU_TARGET_MS else "NOT MET"
+        ok &= fmed <= NO_GPU_TARGET_MS
+        print(f"  hook process alone, no GPU: median {fmed:.2f} ms, p90 {f90:.2f} ms "
+              f"(target <= {NO_GPU_TARGET_MS:.0f} ms: {verdict})")
 
-        # 20 GPU containers at once, each with its own rootfs (as image layers would give them;
-        # one shared rootfs would have 20 ldconfigs renaming the same ld.so.cache).
+        # 50 GPU containers at once, each with its own rootfs (as image layers would give them;
+        # one shared rootfs would have them all renaming the same ld.so.cache).
         all_ok = True
         for label, entry in [("exec'd", hook)] + ([] if opts.no_serve else [("served", served)]):
             par = []
@@ -179,6 +190,8 @@ def main() -> int:
             n = log.count(": status 0 in ")
             want = (1 + opts.runs) * sum(c.endswith(SERVED) for c in cases) + opts.parallel
             print(f"  nvhook serve answered {n} of the {want} served starts (the rest fell back to exec)")
+        print(f"  targets: {'all met' if ok else 'some NOT MET'}; parallel: "
+              f"{'0 failures' if all_ok else 'FAILURES'}")
         return 0 if all_ok else 1
     finally:
         if server is not None and server.poll() is None:

@@ -17,9 +17,11 @@
  *   A config.json spelling a trigger with \u escapes goes unseen: that only denies the
  *   container GPUs, it never grants anything.
  *
- * The environment is never read: runc runs a createContainer hook whose entry has no
- * env with the *container's* environment (CVE-2025-23266), so every setting comes from
- * the hook entry's arguments (--config, --socket) or fixed paths.
+ * The environment is never read for a hook stage: runc runs a createContainer hook whose
+ * entry has no env with the *container's* environment (CVE-2025-23266), so every setting
+ * comes from the hook entry's arguments (--config, --socket) or fixed paths. The one
+ * exception is not a hook: `nvhook-hook serve` (an administrator's systemd unit, never a
+ * hook entry) gets systemd's NOTIFY_SOCKET passed on, see exec_python().
  *
  * A prestart hook goes first to `nvhook serve` if one listens on --socket (default
  * NVHOOK_SOCKET_DEFAULT; "none" turns it off) and the listener is uid 0 in our own mount
@@ -230,8 +232,10 @@ static int state_memfd(void)
     return fd;
 }
 
-/* Hand over to Python: state on fd 0, cwd "/", explicit environment. Never returns. */
-static void exec_python(void)
+/* Hand over to Python: state on fd 0, cwd "/", explicit environment. Never returns.
+ * serve: the command is `serve` (decided from argv, as nvhook/cli.py decides it), never
+ * a hook stage. */
+static void exec_python(int serve)
 {
     if (g_state) {
         int fd = state_memfd();
@@ -246,12 +250,23 @@ static void exec_python(void)
 
     /* Nothing of our own environment goes on: it may be the container's. */
     static char cwd_env[PATH_MAX + 32];
+    static char notify_env[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
     char *envp[4];
     int ne = 0;
     envp[ne++] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     if (g_cwd[0]) {
         snprintf(cwd_env, sizeof cwd_env, "NVHOOK_HOOK_CWD=%s", g_cwd);
         envp[ne++] = cwd_env;
+    }
+    /* `nvhook serve` under systemd (Type=notify): its NOTIFY_SOCKET, a unix socket path
+     * or @abstract name, goes on so the service can say READY=1 from this very pid (exec
+     * keeps it: NotifyAccess=main). Only for serve, which only a unit runs: a hook
+     * stage never gets here with serve set, so its environment stays the two above. */
+    const char *notify = serve ? getenv("NOTIFY_SOCKET") : NULL;
+    if (notify && (notify[0] == '/' || notify[0] == '@') &&
+        strlen(notify) < sizeof(((struct sockaddr_un *)0)->sun_path)) {
+        snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", notify);
+        envp[ne++] = notify_env;
     }
     envp[ne] = NULL;
 
@@ -465,7 +480,7 @@ static void try_serve(const char *cmd)
 static void hand_over(void)
 {
     try_serve(command());
-    exec_python();
+    exec_python(0);
 }
 
 /* Does config.toml set a key from CONF_KEYS (in a line that is not a comment)? */
@@ -563,7 +578,7 @@ int main(int argc, char **argv)
     int hook = cmd && (strcmp(cmd, "prestart") == 0 || strcmp(cmd, "createContainer") == 0);
     int noop = cmd && (strcmp(cmd, "poststart") == 0 || strcmp(cmd, "poststop") == 0);
     if (!hook && !noop)
-        exec_python(); /* any other command: nvhook itself */
+        exec_python(cmd && strcmp(cmd, "serve") == 0); /* any other command: nvhook itself */
 
     /* The runtime writes the state and closes stdin; one that never closes it must not
      * hold the container start for ever. */

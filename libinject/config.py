@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
-from dataclasses import dataclass, field, fields, is_dataclass, replace
 
-from libinject.constants import ALL_CAPABILITIES, SERVE_SOCKET
+from libinject.constants import ALL_CAPABILITIES, CONFIG_CACHE_DIR, SERVE_SOCKET
 from libinject.errors import NvhookError
+from libinject.record import field, fields, is_record, record, replace
 
 CONFIG_REL = "nvidia-container-runtime/config.toml"
 MAX_CONFIG_BYTES = 1 << 20
@@ -38,11 +37,18 @@ SECONDS_KEYS = frozenset({"nvhook.nvml-timeout", "nvhook.serve-timeout"})
 # tomllib takes time quadratic in a dotted key's parts (a.a.a...: 50000 parts, 40 s);
 # NVIDIA's deepest key has 4. Counted on the text with strings and comments blanked.
 MAX_KEY_DOTS = 32
-_TOML_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+|[^"\'#]++')
-_TOML_KEY_RUN = re.compile(r'[A-Za-z0-9_\-" \t.]+')
+_TOML_TOKEN = r'"(?:[^"\\\n]|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+|[^"\'#]++'
+_TOML_KEY_RUN = r'[A-Za-z0-9_\-" \t.]+'
+# Parsed tables by the BLAKE2b of the file's bytes. A node's config is the same bytes on
+# every container start, and parsing it (tomllib, with the re and datetime it imports)
+# costs the exec'd hook ~7 ms: the hook (trusted loads, as root) keeps the tables it
+# parsed in CONFIG_CACHE_DIR, a root-only directory; served hooks keep them in memory.
+# Keyed by content, a table can never be stale; the file's own checks run every time.
+_TABLES: dict[bytes, dict] = {}
+_MAX_TABLES = 16
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ContainerCliConfig:
     """[nvidia-container-cli]: what NVIDIA passes to nvidia-container-cli."""
     root: str = ""                      # driver root ("" = /)
@@ -57,31 +63,31 @@ class ContainerCliConfig:
     no_pivot: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CdiModeConfig:
     default_kind: str = "nvidia.com/gpu"
     annotation_prefixes: tuple[str, ...] = ("cdi.k8s.io/",)
     spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CsvModeConfig:
     mount_spec_path: str = "/etc/nvidia-container-runtime/host-files-for-container.d"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LegacyModeConfig:
     cuda_compat_mode: str = "ldconfig"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModesConfig:
     cdi: CdiModeConfig = field(default_factory=CdiModeConfig)
     csv: CsvModeConfig = field(default_factory=CsvModeConfig)
     legacy: LegacyModeConfig = field(default_factory=LegacyModeConfig)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RuntimeConfig:
     """[nvidia-container-runtime]: the shim's settings."""
     mode: str = "auto"
@@ -91,14 +97,14 @@ class RuntimeConfig:
     modes: ModesConfig = field(default_factory=ModesConfig)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RuntimeHookConfig:
     """[nvidia-container-runtime-hook]."""
     path: str = "nvidia-container-runtime-hook"
     skip_mode_detection: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NvhookConfig:
     """[nvhook]: what is ours."""
     nvml_timeout: float = 10.0          # seconds; a hung driver fails the container
@@ -111,7 +117,7 @@ class NvhookConfig:
     serve_timeout: float = 60.0         # `nvhook serve`: seconds one request may take
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Config:
     disable_require: bool = False
     supported_driver_capabilities: str = ",".join(ALL_CAPABILITIES)
@@ -196,7 +202,7 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
         if required:
             raise NvhookError(f"config file {path} not found")
         return Config()
-    return parse(data, path)
+    return parse(data, path, cache_dir=CONFIG_CACHE_DIR if trusted and os.geteuid() == 0 else None)
 
 
 def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
@@ -233,14 +239,39 @@ def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
         d = os.path.dirname(d)
 
 
-def parse(data: bytes | str, source: str = "<config>") -> Config:
+def parse(data: bytes | str, source: str = "<config>", *, cache_dir: str | None = None) -> Config:
+    """The Config that TOML text data holds (source: where it came from, for errors and
+    relative paths). cache_dir: a root-only directory of tables parsed before."""
+    raw = data if isinstance(data, bytes) else data.encode(errors="surrogatepass")
+    try:
+        from _blake2 import blake2b     # hashlib would load OpenSSL first (~2.5 ms)
+    except ImportError:  # pragma: no cover
+        from hashlib import blake2b
+    key = blake2b(raw, digest_size=20).digest()
+    table = _TABLES.get(key)
+    if table is None and cache_dir:
+        table = _cached_table(cache_dir, key.hex())
+    if table is None:
+        table = _parse_toml(raw, source)
+        if cache_dir:
+            _cache_table(cache_dir, key.hex(), table)
+    if len(_TABLES) >= _MAX_TABLES:
+        _TABLES.clear()
+    _TABLES[key] = table
+    cfg = _build(Config, table, source, "")
+    cfg = _resolve_paths(replace(cfg, source=source))
+    cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
+    return cfg
+
+
+def _parse_toml(raw: bytes, source: str) -> dict:
     import tomllib
 
     try:
-        text = data.decode() if isinstance(data, bytes) else data
+        text = raw.decode()
         if _deep_key(text):
             raise NvhookError(f"{source}: invalid TOML: a key with more than {MAX_KEY_DOTS} dotted parts")
-        table = tomllib.loads(text)
+        return tomllib.loads(text)
     except UnicodeDecodeError:
         raise NvhookError(f"{source}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
@@ -249,17 +280,84 @@ def parse(data: bytes | str, source: str = "<config>") -> Config:
         raise NvhookError(f"{source}: invalid TOML: nested too deeply") from None
     except ValueError as e:  # tomllib's int() of a number with thousands of digits
         raise NvhookError(f"{source}: invalid TOML: {_show(str(e))}") from None
-    cfg = _build(Config, table, source, "")
-    cfg = _resolve_paths(replace(cfg, source=source))
-    cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
-    return cfg
+
+
+def _root_only(st: os.stat_result) -> bool:
+    return st.st_uid == 0 and not st.st_mode & 0o022
+
+
+def _cached_table(directory: str, name: str) -> dict | None:
+    """The table cached as `name` in directory, or None (absent, or anything about the
+    directory or the file that root alone could not have made)."""
+    import marshal
+    import stat
+
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not _root_only(os.fstat(dfd)):
+            return None
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not _root_only(st) or st.st_size > 4 * MAX_CONFIG_BYTES:
+                return None
+            data = os.read(fd, st.st_size + 1)
+        finally:
+            os.close(fd)
+        table = marshal.loads(data)
+        return table if isinstance(table, dict) else None
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    finally:
+        os.close(dfd)
+
+
+def _cache_table(directory: str, name: str, table: dict) -> None:
+    """Keep table as `name` in directory (made root-only); silently not, if it cannot
+    be (a table marshal cannot hold: TOML dates)."""
+    import marshal
+
+    from libinject.linux.atomic import open_dir, write_at
+
+    try:
+        data = marshal.dumps(table)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        dfd = open_dir(directory)
+    except (OSError, ValueError):
+        return
+    try:
+        if _root_only(os.fstat(dfd)):
+            write_at(dfd, name, data, 0o600)
+            _prune_tables(dfd, keep=name)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def _prune_tables(dfd: int, keep: str) -> None:
+    """At most _MAX_TABLES files: a config edited often leaves old tables behind."""
+    names = [n for n in os.listdir(dfd) if n != keep and not n.startswith(".")]
+    if len(names) < _MAX_TABLES:
+        return
+    for n in names:
+        try:
+            os.unlink(n, dir_fd=dfd)
+        except OSError:
+            pass
 
 
 def _deep_key(text: str) -> bool:
     """Whether a run of key characters (strings as "", comments dropped) holds
     MAX_KEY_DOTS dots: a dotted key that deep. Linear: each token is consumed once."""
-    clean = "".join('""' if t[0] in "\"'" else "" if t[0] == "#" else t for t in _TOML_TOKEN.findall(text))
-    return any(m.group().count(".") >= MAX_KEY_DOTS for m in _TOML_KEY_RUN.finditer(clean))
+    import re
+
+    clean = "".join('""' if t[0] in "\"'" else "" if t[0] == "#" else t
+                    for t in re.findall(_TOML_TOKEN, text))
+    return any(m.group().count(".") >= MAX_KEY_DOTS for m in re.finditer(_TOML_KEY_RUN, clean))
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -298,7 +396,7 @@ def _resolve_paths(cfg: Config) -> Config:
 
 
 def _build(cls: type, table: dict[str, object], source: str, prefix: str):
-    """Instantiate dataclass cls from a TOML table, checking the types of known keys."""
+    """Instantiate record cls from a TOML table, checking the types of known keys."""
     # Annotations are strings (postponed evaluation): resolve them here, without typing.
     names = vars(sys.modules[cls.__module__])
     kwargs: dict[str, object] = {}
@@ -318,7 +416,7 @@ def _convert(tp: object, value: object, source: str, where: str) -> object:
     def bad(expected: str) -> NvhookError:
         return NvhookError(f"{source}: {where}: expected {expected}, got {type(value).__name__} {_show(value)}")
 
-    if is_dataclass(tp):
+    if is_record(tp):
         if not isinstance(value, dict):
             raise bad("a table")
         return _build(tp, value, source, where + ".")
@@ -351,4 +449,4 @@ def _convert(tp: object, value: object, source: str, where: str) -> object:
         if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
             raise bad("a list of strings (without NUL characters)")
         return tuple(value)
-    raise AssertionError(f"config type {tp} not handled")  # a bug in the dataclasses above
+    raise AssertionError(f"config type {tp} not handled")  # a bug in the records above

@@ -34,12 +34,12 @@ class Log:
         if self.fmt == "hook":
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
             return f"{stamp} nvhook[{os.getpid()}] {level.upper()} {msg}"
-        import json
+        from libinject import jsonc
 
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
         if self.fmt == "json":
-            return json.dumps({"level": level, "msg": msg, "time": stamp})
-        return f"time={json.dumps(stamp)} level={level} msg={json.dumps(msg)}"
+            return jsonc.dumps({"level": level, "msg": msg, "time": stamp})
+        return f"time={jsonc.dumps(stamp)} level={level} msg={jsonc.dumps(msg)}"
 
     def write(self, level: str, msg: str) -> None:
         if not self.enabled(level):

@@ -4,12 +4,13 @@ Request (libinject.request) -> Driver (libinject.discover) -> ContainerEdits
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
-
 from libinject.plan.edits import ContainerEdits
 from libinject.request.model import Request
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Callable
+
     from libinject.discover.model import Driver
     from libinject.discover.options import DiscoverOptions
 

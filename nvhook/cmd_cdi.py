@@ -48,12 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from libinject import config
     from libinject.apply import cdi
     from libinject.constants import ALL_CAPABILITIES
     from libinject.errors import NvhookError
+    from libinject.record import replace
 
     cfg = config.load(args.config)
     options = cfg.discover_options(root=args.driver_root or args.root, ldcache=args.ldcache,

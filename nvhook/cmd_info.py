@@ -48,10 +48,11 @@ def render_csv(info) -> str:
 
 
 def render_json(driver) -> str:
-    import dataclasses
     import json
 
-    info = dataclasses.asdict(driver.info)
+    from libinject.record import asdict
+
+    info = asdict(driver.info)
     info = {"root": driver.root, **info}
     return json.dumps(info, indent=2) + "\n"
 

@@ -11,8 +11,10 @@ connects to its hook entry's `--socket`, else the same default. Each request rea
 own config (the hook entry's --config, else the default path), as the exec'd hook
 would; this command's config gives the socket, the timeout and what to warm. Discovery
 is warmed before the socket appears, so no front waits on a service still starting.
-Runs in the foreground (systemd: contrib/nvhook-serve.service); SIGTERM stops it after
-the requests in flight. One line per event on stderr.
+Runs in the foreground (systemd: `nvhook setup service` installs
+contrib/nvhook-serve.service); SIGTERM stops it after the requests in flight. One line
+per event on stderr. Under systemd (Type=notify, $NOTIFY_SOCKET: the front passes it on
+for this command only) it says READY=1 once warm and listening, STOPPING=1 on SIGTERM.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     _std_fds_open()
     from libinject import config as config_mod
     from libinject.errors import NvhookError
+    from libinject.runtime.sdnotify import Notifier
     from libinject.runtime.service import Server
 
     cfg = config_mod.load(args.config)
@@ -53,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
         timeout = config_mod.check_seconds(args.timeout, "--timeout")
     if os.geteuid() != 0:
         raise NvhookError("nvhook serve must run as root (the hook does)")
-    server = Server(path, timeout=timeout, log_fd=os.dup(2), verbose=args.verbose)
+    notify = Notifier.from_environ()     # out of the environment: children never see it
+    server = Server(path, timeout=timeout, log_fd=os.dup(2), verbose=args.verbose, notify=notify)
+    notify.log = server.log
+    if notify.why():
+        server.log(f"warning: {notify.why()}")
     if not sys.flags.isolated:
         server.log("warning: not running isolated (python -I); start it as `nvhook-hook serve`, "
                    "which execs python -I with a clean environment")

@@ -3,7 +3,6 @@ rootfs in a private mount namespace (standalone, as `nvhook configure` under
 `unshare -m`), and to another process's mount namespace (--pid)."""
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import shutil
@@ -15,6 +14,7 @@ import pytest
 
 from libinject.plan.edits import CudaCompatEdit, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
+from libinject.record import replace
 from support.applyenv import (HOST_LDCONFIG, LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts,
                               snapshot, try_apply)
 
@@ -125,19 +125,19 @@ def test_failure_in_ldconfig_rolls_back(rootfs, tmp_path, worker, no_leaked_moun
 def test_missing_source_or_wrong_device(rootfs, tmp_path, no_leaked_mounts):
     edits = make_host(tmp_path / "host")
     before = snapshot(rootfs, dir_mtimes=False)
-    bad = dataclasses.replace(edits, mounts=edits.mounts + (
+    bad = replace(edits, mounts=edits.mounts + (
         MountEdit(str(tmp_path / "host/nope.so.1"), f"{LIBDIR}/nope.so.1", "library"),))
     err = _check_untouched(rootfs, bad, before)
     assert err == f"cannot open library {tmp_path}/host/nope.so.1: No such file or directory"
-    bad = dataclasses.replace(edits, device_nodes=edits.device_nodes + (
+    bad = replace(edits, device_nodes=edits.device_nodes + (
         DeviceEdit("/dev/nvidia7", str(tmp_path / "host/dev/nvidia1"), 195, 7),))
     err = _check_untouched(rootfs, bad, before)
     assert err == f"device {tmp_path}/host/dev/nvidia1 is 195:1, expected 195:7"
-    bad = dataclasses.replace(edits, device_nodes=(
+    bad = replace(edits, device_nodes=(
         DeviceEdit("/dev/nvidia0", str(tmp_path / "host/usr/bin/nvidia-smi"), 195, 0),))
     err = _check_untouched(rootfs, bad, before)
     assert "is not a char device" in err
-    bad = dataclasses.replace(edits, mounts=(
+    bad = replace(edits, mounts=(
         MountEdit(str(tmp_path / "host/dev"), "/usr/lib/x", "library"),))
     err = _check_untouched(rootfs, bad, before)
     assert "source is a directory, expected file" in err

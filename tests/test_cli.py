@@ -37,16 +37,17 @@ def test_unusual_hook_args_go_to_argparse(argv):
 
 def test_hook_stage_does_not_import_argparse():
     """The exec'd hook's start-up: a no-op stage imports no argparse and, of libinject,
-    only the hook runner, the shared names, the error type and the state reader (stdin is
-    drained with a deadline)."""
+    only the hook runner, the shared names, the error type, the state reader (stdin is
+    drained with a deadline), its JSON reader and the record type its State is."""
     code = ("import sys; from nvhook.cli import main; rc = main(['poststart']); "
             "print(rc, 'argparse' in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith('libinject')))")
     r = subprocess.run([sys.executable, "-I", "-c", code], input="{}", capture_output=True,
                        text=True, cwd=REPO, timeout=60)
     assert r.stdout.strip().split(maxsplit=2) == [
-        "0", "False", "['libinject', 'libinject.constants', 'libinject.errors', 'libinject.request', "
-        "'libinject.request.oci_state', 'libinject.runtime', 'libinject.runtime.hook']"], \
+        "0", "False", "['libinject', 'libinject.constants', 'libinject.errors', 'libinject.jsonc', "
+        "'libinject.record', "
+        "'libinject.request', 'libinject.request.oci_state', 'libinject.runtime', 'libinject.runtime.hook']"], \
         r.stdout + r.stderr
 
 

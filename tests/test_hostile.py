@@ -8,7 +8,6 @@ inside the rootfs; the host mount table is checked by no_leaked_mounts.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import socket
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from libinject.plan.edits import CudaCompatEdit
+from libinject.record import replace
 from support.applyenv import LIBDIR, elf, in_ns, make_host, snapshot, try_apply
 
 HOSTILE_DIRS = [LIBDIR, "/usr/bin", "/lib/firmware", "/proc/driver", "/dev",
@@ -42,7 +42,7 @@ def _canary(top: Path) -> Path:
 
 def _edits(tmp_path):
     edits = make_host(tmp_path / "drv")
-    return dataclasses.replace(edits, cuda_compat=CudaCompatEdit("mount", 550))
+    return replace(edits, cuda_compat=CudaCompatEdit("mount", 550))
 
 
 def _link(rootfs: Path, cpath: str, host: Path, style: str) -> None:

@@ -329,7 +329,7 @@ def test_mig_config_refused(mig_driver, devices, ids, msg):
 def test_mig_cap_nodes_come_from_discovery(mig_driver):
     """The planner stats nothing: a cap node discovery did not find is an error, even if
     it exists on the host now."""
-    from dataclasses import replace
+    from libinject.record import replace
     m = mig_driver.info.gpus[1].mig_devices[0]
     caps = Path(mig_driver.dev_root) / "dev/nvidia-caps"
     caps.mkdir(parents=True)
@@ -426,7 +426,7 @@ def test_procfs_comes_from_discovery(tmp_path):
     """The masked procfs is made of what discovery read (Driver.procfs, .gpu_procfs):
     the host's files gone or changed after discovery change nothing in the plan."""
     import shutil
-    from dataclasses import replace
+    from libinject.record import replace
 
     d = make_driver(tmp_path / "host", ngpus=2, mig=True)
     want = plan(req(devices="all"), d)

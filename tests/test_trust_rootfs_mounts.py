@@ -11,7 +11,6 @@ sandboxed ldconfig sees volumes read-only (it would make SONAME links in one).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from libinject.linux import native
+from libinject.record import replace
 from support import hookenv
 from support.applyenv import (LIBDIR, elf, in_ns, make_host, mountinfo, new_mounts, snapshot,
                               try_apply)
@@ -110,7 +110,7 @@ def test_shared_rootfs_mount_refused_in_our_namespace(rootfs, tmp_path, no_leake
     """`configure ROOTFS` in our own namespace on a shared mount: what it mounted would
     appear at the peer (old code: 30 mounts there). Refused, nothing mounted. (No
     ldconfig: the old sandbox could not even pivot into a shared rootfs.)"""
-    edits = dataclasses.replace(make_host(tmp_path / "drv"), ldconfig_folders=())
+    edits = replace(make_host(tmp_path / "drv"), ldconfig_folders=())
     peer = tmp_path / "peer"
     peer.mkdir()
     err, at_peer = in_ns(_apply_on_shared_rootfs, rootfs, peer, edits)
@@ -144,7 +144,7 @@ def test_shared_rootfs_mount_made_slave_in_container_namespace(rootfs, tmp_path,
     """In the container's own namespace its rootfs mount is made a slave before anything
     is attached: the container gets its GPU, and nothing propagates back (old code:
     every mount appeared here, in the "host" namespace, at the rootfs and its peer)."""
-    edits = dataclasses.replace(make_host(tmp_path / "drv"), ldconfig_folders=())
+    edits = replace(make_host(tmp_path / "drv"), ldconfig_folders=())
     peer = tmp_path / "peer"
     peer.mkdir()
     err, here, there = in_ns(_apply_into_container_with_shared_rootfs, rootfs, peer, edits,

@@ -18,10 +18,13 @@ program from OCI rules instead.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
 
 from libinject.linux import native as n
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping, Sequence
 
 DEV_BLOCK = n.BPF_DEVCG_DEV_BLOCK
 DEV_CHAR = n.BPF_DEVCG_DEV_CHAR
@@ -50,7 +53,7 @@ _OP_CALL = n.BPF_CALL
 INSN = struct.Struct("<BBhi")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DevRule:
     """One device rule: type "c" | "b" | "a", major/minor None for any, access "rwm"."""
     type: str

@@ -27,13 +27,16 @@ import os
 import posixpath
 import shutil
 import sys
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
 
 from libinject.constants import SAFE_PATH
 from libinject.linux import atomic
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
+from libinject.record import field, record, replace
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Sequence
 
 DEFAULT_VENDOR = "nvidia.com"
 DEFAULT_CLASS = "gpu"
@@ -71,7 +74,7 @@ def default_hook_path() -> str:
     raise NvhookError("cannot find nvhook-hook (the isolated front) for CDI hooks (use --hook-path)")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HookOptions:
     path: str                                  # absolute path of nvhook-hook (the front)
     env: tuple[str, ...] = HOOK_ENV
@@ -178,7 +181,7 @@ def subtract(edits: ContainerEdits, base: ContainerEdits) -> ContainerEdits:
 
 # --- generate ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceId:
     """One CDI device: its names under the chosen strategies and its selection id."""
     select: str                                # NVIDIA_VISIBLE_DEVICES-style id for plan()
@@ -430,7 +433,7 @@ def _load_yaml(data: bytes, path: str) -> Any:
 
 # --- spec dirs and resolution ------------------------------------------------------------
 
-@dataclass
+@record
 class LoadedSpec:
     path: str
     priority: int                               # index of its dir; later dirs win
@@ -441,7 +444,7 @@ class LoadedSpec:
         return str(self.spec.get("kind", ""))
 
 
-@dataclass
+@record
 class Registry:
     """Devices from the spec dirs, as the CDI cache resolves them (pkg/cdi/cache.go):
     a later dir overrides an earlier one; the same device twice in one dir is a

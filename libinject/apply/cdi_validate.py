@@ -20,10 +20,14 @@ import json
 import posixpath
 from functools import lru_cache
 from importlib import resources
-from typing import Any
 
 from libinject.apply import cdi
 from libinject.constants import OCI_HOOK_STAGES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 DEVICE_TYPES = ("", "b", "c", "u", "p")
 FIELDS = {
     "spec": {"cdiVersion", "kind", "annotations", "devices", "containerEdits"},

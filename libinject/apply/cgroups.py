@@ -30,18 +30,19 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from libinject.linux import mountinfo
 from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
+from libinject.record import field, record
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any, Callable, Iterable, Mapping, Sequence
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupMount:
     mount_id: int
     mountpoint: str
@@ -50,7 +51,7 @@ class CgroupMount:
     controllers: frozenset[str]
 
 
-@dataclass
+@record
 class Undo:
     """Restores the container's previous device access; call it at most once.
     `release()` keeps the change and frees what the Undo holds (fds of old programs)."""
@@ -116,7 +117,8 @@ def proc_cgroups(text: str) -> dict[str, str]:
     return out
 
 
-Visible = Callable[[str, CgroupMount], bool]
+if TYPE_CHECKING:
+    Visible = Callable[[str, CgroupMount], bool]
 
 
 def _mount_visible(proc_root: str) -> Visible:

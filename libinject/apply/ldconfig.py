@@ -28,6 +28,13 @@ an image binary as well as the host's: it runs as the rootfs owner with at most
 CAP_DAC_OVERRIDE, no new privileges, inside the rootfs copy and its own namespaces.
 musl images have no ld.so.cache: their /etc/ld-musl-<arch>.path gets the folders
 (only a regular file there, never a symlink, counts as musl's and is read).
+
+By default ldconfig does not run at all: update() merges the libraries we mounted
+into the image's own ld.so.cache in-process (libinject.apply.ldcache_merge: what
+ldconfig would write, without the fork, namespaces and exec), and runs the sandboxed
+ldconfig only where the merge does not cover the image (no or an odd cache, CUDA
+forward-compat folders, CDI's update-ldcache hook: see that module). "@!PATH" always
+runs the host's PATH; a container path (the image's ldconfig) always runs.
 """
 from __future__ import annotations
 
@@ -36,16 +43,23 @@ import gc
 import os
 import resource
 import select
-import signal
+import _signal as signal   # not signal: its enums cost ~5 ms (libinject.linux.child)
 import stat
-from typing import Callable, Sequence
 
 from libinject.linux import mountinfo, native
 from libinject.linux.child import Child, collect
-from libinject.linux.privileges import cap_last_cap, limit_capabilities
+from libinject.linux.privileges import (cap_last_cap, limit_capabilities, no_new_privs, set_name,
+                                       set_pdeathsig)
 from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
+from libinject.apply import ldcache_merge
 from libinject.apply.rootfs import RootFS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Iterable, Sequence
+
+    from libinject.plan.edits import SymlinkEdit
 
 CONF_DIR = "/etc/ld.so.conf.d"
 KERNEL_FS = {"proc", "sysfs", "debugfs", "securityfs", "tracefs", "bpf", "cgroup", "cgroup2",
@@ -56,11 +70,11 @@ MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")   # musl's built-in d
 
 
 def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
-    """fd of the ldconfig to execute. "@PATH" is a host path: open it *before*
-    entering the container's mount namespace. A plain path is the image's, resolved
-    inside the rootfs (regular file only)."""
+    """fd of the ldconfig to execute. "@PATH" (or "@!PATH": always run it) is a host
+    path: open it *before* entering the container's mount namespace. A plain path is
+    the image's, resolved inside the rootfs (regular file only)."""
     if spec.startswith("@"):
-        path = spec[1:]
+        path = spec[2:] if spec.startswith("@!") else spec[1:]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -149,12 +163,23 @@ def write_conf(root: RootFS, folders: Sequence[str]) -> str | None:
     return path
 
 
+def merges(spec: str) -> bool:
+    """Whether the ldconfig setting lets update() merge the cache in-process: a host
+    ldconfig ("@PATH", the fallback), not "@!PATH" nor the image's own."""
+    return spec.startswith("@") and not spec.startswith("@!")
+
+
 def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
            ldconfig: str = "@/sbin/ldconfig", timeout: float = TIMEOUT,
-           mark: Callable[[str], None] | None = None) -> str:
-    """Make `folders` visible to the container's loader. Returns "musl", "ldconfig".
+           mark: Callable[[str], None] | None = None,
+           libraries: Iterable[tuple[str, int]] | None = None,
+           links: Iterable[SymlinkEdit] = ()) -> str:
+    """Make `folders` visible to the container's loader. Returns "musl", "merged"
+    (ldcache_merge) or "ldconfig".
     `exec_fd`: an ldconfig fd opened earlier (host binary opened before setns).
-    `mark`: optional timing hook, called with a phase name at the end of each phase."""
+    `mark`: optional timing hook, called with a phase name at the end of each phase.
+    `libraries`: (container path, fd of the source) of every library mounted, and
+    `links` the planned symlinks, for the merge; None: run ldconfig."""
     mark = mark or (lambda phase: None)
     folders = list(dict.fromkeys(folders))
     musl = is_musl(root)
@@ -163,9 +188,19 @@ def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
         return "musl"
     if folders:
         write_conf(root, folders)
+    mark("ld.so.conf")
+    ldcache_merge.last_fallback = "no libraries given" if libraries is None else "@! or image ldconfig"
+    if libraries is not None and merges(ldconfig):
+        try:
+            ldcache_merge.merge(root, folders, libraries, links)
+        except ldcache_merge.Unsupported as e:
+            ldcache_merge.last_fallback = str(e)
+        else:
+            ldcache_merge.last_fallback = None
+            mark("ldcache")
+            return "merged"
     root.preserve("/etc/ld.so.cache")   # rollback restores the image's cache
     root.preserve("/etc/ld.so.cache~")  # and removes ldconfig's temp file, if killed
-    mark("ld.so.conf")
     own = exec_fd is None
     fd = open_ldconfig(ldconfig, root) if own else exec_fd
     try:
@@ -180,7 +215,6 @@ def update(root: RootFS, folders: Sequence[str], *, exec_fd: int | None = None,
 
 def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float = TIMEOUT) -> None:
     """Run exec_fd with argv inside the rootfs, sandboxed; raise NvhookError on failure."""
-    import prctl  # noqa: F401 - before the fork: importing in the child costs more
     cap_last_cap()              # read once, here, rather than in every child
     proc = proc_fd()
     # The child is pid 1 of a new pid namespace: unshare(CLONE_NEWPID) here applies to
@@ -247,9 +281,9 @@ def _wait(pid: int, r: int, timeout: float) -> str | None:
 
 
 def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> None:
-    import prctl
+    import _prctl
 
-    prctl.set_name("nvhook-ldconfig")   # what ps shows until it execs
+    set_name("nvhook-ldconfig")   # what ps shows until it execs
     proc = proc_fd()                 # the host's /proc: our own fds and mountinfo
     last_cap = cap_last_cap()
     # A detached copy of the rootfs with what is mounted in it, taken from the fd (the
@@ -320,7 +354,7 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     os.setgroups([])
     os.setresgid(root.gid, root.gid, root.gid)
     if root.uid == 0:
-        limit_capabilities({prctl.CAP_DAC_OVERRIDE}, last_cap=last_cap)
+        limit_capabilities({_prctl.CAP_DAC_OVERRIDE}, last_cap=last_cap)
     else:
         os.setresuid(root.uid, root.uid, root.uid)
     # Nothing keyed in the caller's session keyring (the runtime's) is reachable.
@@ -328,10 +362,10 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
     # Dies with the apply that runs it (a hook killed by its runtime's timeout): set
     # after the last credential change, which clears it. The parent may have died
     # before: its end of our pipe (stdout now) is closed then.
-    prctl.set_pdeathsig(signal.SIGKILL)
+    set_pdeathsig(signal.SIGKILL)
     if _reader_gone(1):
         os._exit(126)
-    prctl.set_no_new_privs(1)
+    no_new_privs()
     native.seccomp_ldconfig()       # last: execve itself must still be allowed
     os.execve(exec_fd, argv, {})
 

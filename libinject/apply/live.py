@@ -30,16 +30,14 @@ rules (they die with the container's cgroup).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import select
 import stat
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
 
-import prctl
+import _prctl     # python-prctl's constants (libinject.linux.privileges says why not prctl)
 
+from libinject import jsonc
 from libinject.linux import native
 from libinject.linux.child import Child
 from libinject.linux.privileges import limit_capabilities
@@ -48,6 +46,11 @@ from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
 from libinject.apply.rootfs import (DiskJournal, Journal, RootFS, fs_type, mount_attrs, open_host,
                                     openat2, split)
+from libinject.record import field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Protocol
 
 TIMEOUT = 120.0
 LIB_OPTS = ("ro", "nosuid", "nodev")
@@ -86,18 +89,18 @@ def _preload(edits: ContainerEdits) -> None:
 
 def caps_kept() -> set[int]:
     """The capabilities applying edits needs (the rest is dropped for good)."""
-    return {prctl.CAP_SYS_ADMIN, prctl.CAP_SYS_CHROOT, prctl.CAP_CHOWN, prctl.CAP_FOWNER,
-            prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ_SEARCH, prctl.CAP_SETUID,
-            prctl.CAP_SETGID, prctl.CAP_SETPCAP, prctl.CAP_KILL}
+    return {_prctl.CAP_SYS_ADMIN, _prctl.CAP_SYS_CHROOT, _prctl.CAP_CHOWN, _prctl.CAP_FOWNER,
+            _prctl.CAP_DAC_OVERRIDE, _prctl.CAP_DAC_READ_SEARCH, _prctl.CAP_SETUID,
+            _prctl.CAP_SETGID, _prctl.CAP_SETPCAP, _prctl.CAP_KILL}
 
 
-@dataclass
+@record
 class _Source:
     fd: int
     st: os.stat_result
 
 
-@dataclass
+@record
 class _Sources:
     """Host sources opened before entering the container's namespace."""
     mounts: list[_Source] = field(default_factory=list)
@@ -208,14 +211,14 @@ class _Reader:
                     raise NvhookError("applying edits failed: worker process died")
                 self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        return jsonc.loads(line)
 
     def close(self) -> None:
         os.close(self.fd)
 
 
 def _send(fd: int, msg: dict) -> None:
-    data = (json.dumps(msg) + "\n").encode()
+    data = (jsonc.dumps(msg) + "\n").encode()
     while data:
         data = data[os.write(fd, data):]
 
@@ -310,13 +313,14 @@ def _undo_note(left: list[str]) -> str:
     return f" (undo incomplete: {'; '.join(left)})" if left else ""
 
 
-class _Transaction(Protocol):
-    """Applied mounts, not yet final: roll back (returns what could not be undone)
-    or commit."""
+if TYPE_CHECKING:     # a type only: defining a Protocol at run time needs typing
+    class _Transaction(Protocol):
+        """Applied mounts, not yet final: roll back (returns what could not be undone)
+        or commit."""
 
-    def rollback(self) -> list[str]: ...
+        def rollback(self) -> list[str]: ...
 
-    def commit(self) -> None: ...
+        def commit(self) -> None: ...
 
 
 class _WorkerTx:
@@ -513,7 +517,9 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
     _mark("devices")
     if folders:
         from libinject.apply import ldconfig as ldc
-        ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark)
+        ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark,
+                   libraries=[(m.container_path, s.fd) for m, s in mounts if m.kind == "library"],
+                   links=edits.symlinks)
 
 
 def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:

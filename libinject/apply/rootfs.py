@@ -24,19 +24,22 @@ undone by the next apply on it (RootFS.replay).
 """
 from __future__ import annotations
 
-import base64
+import binascii
 import errno
 import fcntl
-import json
 import os
 import stat
 import time
-from dataclasses import dataclass, field
-from typing import Callable
 
+from libinject import jsonc
 from libinject.linux import atomic, mountinfo, native
 from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
+from libinject.record import field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 RESOLVE = native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS
 
@@ -160,7 +163,7 @@ def set_attrs(tree_fd: int, attrs: int, recursive: bool = False) -> None:
                          propagation=native.MS_PRIVATE)
 
 
-@dataclass
+@record
 class _Entry:
     what: str
     undo: Callable[[], None]
@@ -206,7 +209,7 @@ class DiskJournal:
         stale = []
         for line in b"".join(chunks).splitlines():
             try:
-                stale.append(json.loads(line))
+                stale.append(jsonc.loads(line))
             except ValueError:      # the line a kill cut short: its step never happened
                 break
         return cls(fd, dfd, name, stale)
@@ -248,7 +251,7 @@ class DiskJournal:
         self.stale = []
 
     def write(self, rec: dict) -> None:
-        data = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        data = (jsonc.dumps(rec, compact=True) + "\n").encode()
         while data:     # one write per record in practice (O_APPEND not needed: one writer)
             data = data[os.write(self.fd, data):]
 
@@ -268,7 +271,7 @@ class DiskJournal:
             self.fd = self.dir_fd = -1
 
 
-@dataclass
+@record
 class Journal:
     """Undo log: entries are undone in reverse order; fds are kept until commit.
     `disk`: the write-ahead copy (DiskJournal) of the steps that outlive a killed apply
@@ -851,7 +854,7 @@ class RootFS:
                "atime": old.st_atime_ns, "mtime": old.st_mtime_ns, "ino": old.st_ino}
         if durable:
             self.journal.record({**rec, "data": saved if isinstance(saved, str)
-                                 else base64.b64encode(saved).decode()})
+                                 else binascii.b2a_base64(saved, newline=False).decode()})
         pfd = self.journal.keep(os.dup(parent))
         self.journal.add(f"restore {path}", lambda: _put_back(pfd, name, rec, saved))
 
@@ -962,7 +965,7 @@ class RootFS:
                     return
                 if st is not None and (st.st_ino, st.st_mtime_ns) == (rec["ino"], rec["mtime"]):
                     return      # the original is still there
-                data = rec["data"] if rec["kind"] == "link" else base64.b64decode(rec["data"])
+                data = rec["data"] if rec["kind"] == "link" else binascii.a2b_base64(rec["data"])
                 _put_back(pfd, name, rec, data)
         finally:
             os.close(pfd)

@@ -20,10 +20,13 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from typing import Any, Iterable
 
 from libinject.constants import OCI_HOOK_STAGES
 from libinject.errors import NvhookError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterable
 
 
 def apply_cdi(config: dict[str, Any], edits_list: Iterable[dict[str, Any]]) -> dict[str, Any]:

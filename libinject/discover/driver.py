@@ -8,12 +8,15 @@ files up, then writes a new snapshot. Heavy modules are imported only on the slo
 from __future__ import annotations
 
 import os
-from typing import Callable
 
 from libinject.constants import FABRICMANAGER_SOCKET, PERSISTENCED_SOCKET
 from libinject.discover import snapshot as _snap
 from libinject.errors import NvhookError
 from libinject.discover.model import Driver
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"   # under the dev root
@@ -171,16 +174,45 @@ def read_mig_minors(path: str) -> dict[str, int]:
 _MIG_MEMO: tuple = ()           # (text, minors, table): the warm service checks the same text often
 
 
+# The ASCII whitespace (str.isspace(), \s) other than " ", "\t" and "\n".
+_OTHER_ASCII_SPACE = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f")
+
+
+def _mig_lines(block: str, needle: str) -> list[tuple[str, str]]:
+    """re.findall(rf"(?m)^({needle}\\S*)[ \\t]+([0-9]+)[ \\t]*$", block), by hand (`re` costs
+    the hook ~8 ms to import), `needle` taken literally (it is "gpu<int>/": no metacharacter).
+    No part of that pattern matches a newline, so a match is one whole line ("\\n"-split,
+    "$" is before a "\\n" or at the end): the needle; the rest of its non-whitespace run
+    (\\S: not str.isspace(), as str.split() has it); one or more spaces or tabs; ASCII
+    digits; spaces or tabs. Any other whitespace ("\\r", "\\v", U+00A0...) fails the line."""
+    lines = block.split("\n")
+    if block.isascii() and not any(c in block for c in _OTHER_ASCII_SPACE):
+        # The kernel's table: " " and "\t" are the only whitespace in a line, so a line
+        # matches iff it starts with the needle and splits into a name and ASCII digits.
+        split = [line.split() for line in lines if line.startswith(needle)]
+        return [(p[0], p[1]) for p in split if len(p) == 2 and p[1].isdigit()]
+    pairs = []
+    for line in lines:
+        if not line.startswith(needle):
+            continue
+        name = line.split(None, 1)[0]       # starts with the needle: not whitespace
+        rest = line[len(name):]
+        digits = rest.lstrip(" \t")
+        if len(digits) == len(rest):        # no space or tab after the name
+            continue
+        digits = digits.rstrip(" \t")
+        if digits and not digits.strip("0123456789"):
+            pairs.append((name, digits))
+    return pairs
+
+
 def mig_minors_for(text: str, gpus) -> dict[str, int]:
     """The part of the mig-minors table (it covers every possible GPU: 32 x 135 lines)
     a plan can use: "config", "monitor" and the `gpus`' own entries. Discovery and the
     snapshot check (every warm start) both use this, so it works at C speed: a GPU's
-    lines are one block of the table, found with find/rfind and parsed with one regex.
+    lines are one block of the table, found with find/rfind and parsed line by line.
     As in the kernel's table, a line is "name minor" from its first column; malformed
     lines are skipped, a repeated name keeps its last minor."""
-    import re
-    from operator import itemgetter
-
     global _MIG_MEMO
     minors = tuple(g.minor for g in gpus)
     if _MIG_MEMO and _MIG_MEMO[1] == minors and _MIG_MEMO[0] == text:
@@ -202,15 +234,13 @@ def mig_minors_for(text: str, gpus) -> dict[str, int]:
             continue
         end = text.find("\n", text.rfind(needle))
         block = text[max(first - 1, 0):len(text) if end < 0 else end]
-        pairs = re.findall(rf"(?m)^({needle}\S*)[ \t]+([0-9]+)[ \t]*$", block)
-        out.update(zip(map(itemgetter(0), pairs), map(int, map(itemgetter(1), pairs))))
+        out.update({name: int(minor) for name, minor in _mig_lines(block, needle)})
     _MIG_MEMO = (text, minors, out)
     return dict(out)
 
 
 def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
               timeout: float, user: tuple[int, int] | None) -> Driver:
-    import dataclasses
     import glob
 
     from libinject.discover import libraries as L
@@ -219,6 +249,7 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
     from libinject.discover.procfs import gpu_entry as procfs_entry
     from libinject.discover.procfs import read as read_procfs
     from libinject.discover.procfs import read_table
+    from libinject.record import replace
 
     entries, source = library_entries(root, cache, explicit_cache)
     libpath = _nvml_path(root, entries)
@@ -229,12 +260,12 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
     mig_minors = mig_minors_for(read_table(os.path.join(dev_root, MIG_MINORS)) or "", info.gpus)
     gpus = []
     for g in info.gpus:
-        migs = tuple(dataclasses.replace(
+        migs = tuple(replace(
             m, gi_access_minor=mig_minors.get(f"gpu{g.minor}/gi{m.gi}/access"),
             ci_access_minor=mig_minors.get(f"gpu{g.minor}/gi{m.gi}/ci{m.ci}/access"))
             for m in g.mig_devices)
-        gpus.append(dataclasses.replace(g, mig_devices=migs))
-    info = dataclasses.replace(info, gpus=tuple(gpus))
+        gpus.append(replace(g, mig_devices=migs))
+    info = replace(info, gpus=tuple(gpus))
     ver = info.driver_version
 
     libs = L.select(entries, root, ver)

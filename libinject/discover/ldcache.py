@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 
 from libinject.errors import NvhookError
+from libinject.record import record
 
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"
@@ -51,7 +51,7 @@ _ARCH_BY_REQUIRED = {
 HWCAP_EXTENSION = 1 << 62
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Entry:
     name: str      # key: the SONAME ("libcuda.so.1")
     path: str      # value: the path ldconfig recorded (inside the driver root)

@@ -1,16 +1,16 @@
 """What discovery finds on a host: the driver, its GPUs and its files.
 
-Pure data (frozen dataclasses, JSON-friendly via dataclasses.asdict); produced by
+Pure data (frozen records, JSON-friendly via libinject.record.asdict); produced by
 libinject.discover.driver, consumed by the planner and by `nvhook list/info`.
 All host paths are absolute paths on the host, i.e. already prefixed with the
 driver root (e.g. "/sim/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from libinject.record import field, record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigDevice:
     index: int            # position under its parent (nvmlDeviceGetMigDeviceHandleByIndex)
     uuid: str             # "MIG-..."
@@ -22,7 +22,7 @@ class MigDevice:
     ci_access_minor: int | None = None   # nvidia-caps minor of gpu<N>/gi<G>/ci<C>/access
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     index: int            # NVML index
     minor: int            # /dev/nvidia<minor>
@@ -44,14 +44,14 @@ class Gpu:
         return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DriverInfo:
     driver_version: str   # "550.163.01"
     cuda_version: str     # "12.4"
     gpus: tuple[Gpu, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Library:
     path: str             # host path of the real file, ends in the driver version
     soname: str | None    # "libcuda.so.1" (from the ldcache entry / ELF DT_SONAME)
@@ -68,7 +68,7 @@ class Library:
         return self.arch == "i386"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostFile:
     """A binary, firmware file or IPC socket/directory on the host."""
     path: str             # host path
@@ -77,7 +77,7 @@ class HostFile:
     kind: str             # "binary" | "firmware" | "ipc"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceNode:
     path: str             # host path of the node (under the dev root)
     container_path: str   # "/dev/nvidiactl"
@@ -86,7 +86,7 @@ class DeviceNode:
     capability: str = ""  # "" = always (nvidiactl), "compute" (uvm), "display" (modeset)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Driver:
     """Everything discovery found under one driver root."""
     root: str                                  # driver root ("/", "/run/nvidia/driver", a sim dir)

@@ -3,11 +3,14 @@ command line (libinject.config.Config.discover_options), used by every command.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DiscoverOptions:
     root: str = "/"                         # driver root
     ldcache: str | None = None              # ld.so.cache, relative to root (None = default)

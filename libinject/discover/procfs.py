@@ -11,16 +11,19 @@ gpus/<busid> directories with the "Device Minor" of each.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Iterable
 
 from libinject.errors import NvhookError
+from libinject.record import field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable
 
 FILES = ("params", "version", "registry")
 LIMIT = 1 << 20         # procfs files are small; a bound keeps a strange one from filling memory
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostProcfs:
     files: dict[str, str] = field(default_factory=dict)          # rel path -> text
     gpus: dict[str, int | None] = field(default_factory=dict)    # gpus/<name> -> Device Minor

@@ -36,18 +36,20 @@ newest snapshots, none from an earlier boot or older than MAX_AGE, stale temp fi
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import stat
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
 
+from libinject import jsonc
 from libinject.constants import SNAPSHOT_DIR
 from libinject.discover import decode
 from libinject.discover import procfs as _procfs
 from libinject.linux import atomic
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 try:
     from _operator import _compare_digest   # hmac.compare_digest, without OpenSSL (~2 ms)
@@ -63,10 +65,11 @@ KEEP = 8                # snapshots kept per directory (one per driver root/dev 
 MAX_AGE = 7 * 86400     # seconds: an unused driver root's snapshot goes (a used one is rewritten)
 TMP_AGE = 600           # seconds: a temp file this old is a crashed writer's
 _SMALL = 1 << 16
-_SNAP_NAME = re.compile(r"driver-[0-9a-f]{32}\.json")
-_TMP_NAME = re.compile(r"\.(?:driver-[0-9a-f]{32}\.json|snapshot\.key)\.tmp-\d+-[0-9a-f]{8}")
+_SNAP_NAME = r"driver-[0-9a-f]{32}\.json"
+_TMP_NAME = r"\.(?:driver-[0-9a-f]{32}\.json|snapshot\.key)\.tmp-\d+-[0-9a-f]{8}"  # (re: only when pruning)
 
-Log = Callable[[str], None]
+if TYPE_CHECKING:
+    Log = Callable[[str], None]
 
 
 def _read(path: str) -> str | None:
@@ -142,7 +145,7 @@ def _blake2b(**kw):
     return blake2b(**kw)
 
 
-@dataclass
+@record
 class HostView:
     """What the fingerprint read of the host: hashed into the key, and kept to check a
     snapshot's device facts against (no second read)."""
@@ -348,7 +351,7 @@ def _load(path: str, key: str, host: HostView | None):
     if not _compare_digest(mac, _mac(mac_key, key.encode(), body)):
         raise _Bad("seal does not match (edited, damaged or not written by nvhook)")
     try:
-        driver = decode.driver(json.loads(body))
+        driver = decode.driver(jsonc.loads(body))
     except decode.Invalid as e:
         raise _Bad(str(e)) from None
     verify(driver, host or view(driver.root, driver.dev_root))
@@ -477,10 +480,10 @@ def _field(text: str | None, name: str) -> str:
 def save(path: str, key: str, driver) -> bool:
     """Writes atomically, sealed, then prunes the directory; False (and nothing left
     behind) if the dir is not usable."""
-    import dataclasses
+    from libinject.record import asdict
 
     directory = os.path.dirname(path) or "."
-    body = json.dumps(dataclasses.asdict(driver)).encode()
+    body = jsonc.dumps(asdict(driver)).encode()
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         # Checked through the fd it is written through (never a symlink).
@@ -501,13 +504,15 @@ def prune(dfd: int, current: str = "") -> None:
     """Bound the directory: remove our snapshots from before this boot (their boot id
     is gone) or older than MAX_AGE, all but the KEEP newest, and temp files older than
     TMP_AGE (a crashed writer's). Only regular files of ours with our names."""
+    import re
+
     now = time.time()
     booted = now - time.clock_gettime(time.CLOCK_BOOTTIME)
     snaps = []
     try:
         with os.scandir(dfd) as it:
             entries = [(e.name, e.stat(follow_symlinks=False)) for e in it
-                       if e.name != current and (_SNAP_NAME.fullmatch(e.name) or _TMP_NAME.fullmatch(e.name))]
+                       if e.name != current and (re.fullmatch(_SNAP_NAME, e.name) or re.fullmatch(_TMP_NAME, e.name))]
     except OSError:
         return
     doomed = []
@@ -531,6 +536,6 @@ def prune(dfd: int, current: str = "") -> None:
 
 
 def driver_from_dict(d: dict):
-    """A Driver from dataclasses.asdict(driver) after a JSON round trip, checked field
+    """A Driver from record.asdict(driver) after a JSON round trip, checked field
     by field (libinject.discover.decode); raises ValueError if anything is off."""
     return decode.driver(d)

@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 
-@contextmanager
-def discarded_on_error(dir_fd: int, tmp: str) -> Iterator[None]:
+class discarded_on_error:
     """Unlink temp entry `tmp` of dir_fd if the block fails (it is about to be renamed
-    into place: on success it is gone under that name anyway)."""
-    try:
-        yield
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
+    into place: on success it is gone under that name anyway). A class, not
+    contextlib: contextlib imports functools and collections (~5 ms of the hook's start)."""
+
+    def __init__(self, dir_fd: int, tmp: str) -> None:
+        self.dir_fd, self.tmp = dir_fd, tmp
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, tb) -> bool:
+        if kind is not None:
+            try:
+                os.unlink(self.tmp, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+        return False
 
 
 def open_dir(path: str) -> int:

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 import select
-import signal
+# The C module: `signal` wraps it in enums (enum, functools, collections: ~5 ms of the
+# exec'd hook's start-up) that nothing here needs.
+import _signal as signal
 import time
-from collections.abc import Mapping, Sequence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 # After SIGKILL: a child in an uninterruptible sleep (a hung driver's ioctl) dies only
 # when that returns. We wait this long for it, then leave it (unreaped, still killed).

@@ -5,7 +5,6 @@ Every wrapper raises OSError(errno) on failure, like the os module does.
 from __future__ import annotations
 
 import os
-from typing import Sequence
 
 from libinject.linux._native import ffi, lib  # type: ignore[import-not-found]
 
@@ -235,4 +234,4 @@ def bpf_prog_get_insns(prog_fd: int, capacity: int = 1 << 16) -> bytes:
     return bytes(ffi.buffer(buf, n))
 
 
-__all__: Sequence[str] = [n for n in dir() if not n.startswith("_")]
+__all__: list[str] = [n for n in dir() if not n.startswith("_")]

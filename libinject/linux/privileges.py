@@ -1,16 +1,27 @@
 """Capabilities and identity (python-prctl): keep only some capabilities, or give up
-all privileges (another user, no capabilities, no new privileges)."""
+all privileges (another user, no capabilities, no new privileges), and the other
+prctl(2) calls nvhook makes.
+
+Through python-prctl's C module `_prctl`: its Python wrapper (`prctl`) builds objects
+for every capability and securebit at import, ~1.4 ms of the exec'd hook's start-up
+for the four calls made here."""
 from __future__ import annotations
 
 import errno
 import os
-from typing import AbstractSet
 
-import prctl
+import _prctl
 
 from libinject.linux.proc import proc_fd
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import AbstractSet
+
 _CAP_LAST_CAP: int | None = None
+# Every capability python-prctl was built with (as prctl.ALL_CAPS).
+ALL_CAPS = tuple(sorted({getattr(_prctl, n) for n in dir(_prctl) if n.startswith("CAP_")
+                         and n not in ("CAP_EFFECTIVE", "CAP_PERMITTED", "CAP_INHERITABLE")}))
 
 
 def cap_last_cap() -> int:
@@ -22,7 +33,7 @@ def cap_last_cap() -> int:
                       opener=lambda p, f: os.open(p, f, dir_fd=proc_fd())) as fh:
                 _CAP_LAST_CAP = int(fh.read())
         except OSError:
-            return max(prctl.ALL_CAPS)
+            return max(ALL_CAPS)
     return _CAP_LAST_CAP
 
 
@@ -33,7 +44,7 @@ def limit_capabilities(keep: AbstractSet[int], *, last_cap: int | None = None) -
     (not root) that part is skipped."""
     if last_cap is None:
         last_cap = cap_last_cap()
-    unknown = set(range(last_cap + 1)) - set(prctl.ALL_CAPS)
+    unknown = set(range(last_cap + 1)) - set(ALL_CAPS)
     if unknown:
         # capset through python-prctl only names the capabilities it was built with:
         # the kernel's newer ones would stay set (fail closed instead)
@@ -42,14 +53,14 @@ def limit_capabilities(keep: AbstractSet[int], *, last_cap: int | None = None) -
     for cap in range(last_cap + 1):
         if cap not in keep:
             try:
-                prctl.capbset_drop(cap)
+                _prctl.prctl(_prctl.PR_CAPBSET_DROP, cap)
             except (OSError, ValueError):
                 pass
     # One capset(2) for all three sets (prctl's per-set limit() is three round trips).
     # The kernel clears ambient capabilities that are no longer permitted and inheritable.
-    drop = [c for c in prctl.ALL_CAPS if c not in keep]
-    prctl.set_caps((drop, (prctl.CAP_EFFECTIVE, prctl.CAP_PERMITTED), False),
-                   (list(prctl.ALL_CAPS), prctl.CAP_INHERITABLE, False))
+    # _prctl.set_caps(effective, permitted, inheritable to set; the same to clear)
+    drop = [c for c in ALL_CAPS if c not in keep]
+    _prctl.set_caps([], [], [], drop, drop, list(ALL_CAPS))
 
 
 def drop_all(user: tuple[int, int] | None = None) -> None:
@@ -60,5 +71,20 @@ def drop_all(user: tuple[int, int] | None = None) -> None:
         os.setgroups([])
         os.setresgid(user[1], user[1], user[1])
         os.setresuid(user[0], user[0], user[0])
-    prctl.set_no_new_privs(1)
+    no_new_privs()
     limit_capabilities(frozenset())
+
+
+def no_new_privs() -> None:
+    """PR_SET_NO_NEW_PRIVS: nothing exec'd from here on gains privileges (setuid, file caps)."""
+    _prctl.prctl(_prctl.PR_SET_NO_NEW_PRIVS, 1)
+
+
+def set_pdeathsig(sig: int) -> None:
+    """Get `sig` when the thread that forked us exits."""
+    _prctl.prctl(_prctl.PR_SET_PDEATHSIG, sig)
+
+
+def set_name(name: str) -> None:
+    """The name ps shows (PR_SET_NAME; 15 bytes kept)."""
+    _prctl.prctl(_prctl.PR_SET_NAME, name)

@@ -18,10 +18,13 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from typing import Iterable
 
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable
 
 KINDS = ("dev", "lib", "sym", "dir")
 RO = ("ro", "nosuid", "nodev", "bind")

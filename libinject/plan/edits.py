@@ -11,13 +11,16 @@ Device nodes: control devices first, then per-GPU, then MIG capabilities and IME
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from libinject.record import asdict, field, fields, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MOUNT_KINDS = ("binary", "library", "firmware", "ipc")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceEdit:
     path: str                 # container path, "/dev/nvidia1"
     host_path: str            # node on the host to bind-mount
@@ -29,7 +32,7 @@ class DeviceEdit:
     file_mode: int = 0o666
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MountEdit:
     host_path: str
     container_path: str
@@ -37,13 +40,13 @@ class MountEdit:
     options: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SymlinkEdit:
     target: str               # link contents, e.g. "libcuda.so.1"
     link: str                 # container path of the link
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProcfsEdit:
     """tmpfs over `path` holding `files`, plus the selected GPUs' directories."""
     path: str = "/proc/driver/nvidia"
@@ -51,7 +54,7 @@ class ProcfsEdit:
     gpu_dirs: tuple[tuple[str, str], ...] = ()                   # (host dir, name under gpus/)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupRule:
     major: int
     minor: int
@@ -59,7 +62,7 @@ class CgroupRule:
     access: str = "rw"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HookEdit:
     stage: str                # "createContainer", ...
     path: str
@@ -67,7 +70,7 @@ class HookEdit:
     env: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CudaCompatEdit:
     """Use the image's CUDA forward-compat libs when newer than the driver."""
     mode: str                 # "mount" | "ldconfig"
@@ -75,7 +78,7 @@ class CudaCompatEdit:
     container_dir: str = "/usr/local/cuda/compat"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceEdit, ...] = ()
@@ -111,7 +114,7 @@ class ContainerEdits:
 
 
 def _tuplify(t: type, d: dict[str, Any]) -> dict[str, Any]:
-    """JSON lists back to the tuples the frozen dataclasses hold."""
+    """JSON lists back to the tuples the frozen records hold."""
     out = dict(d)
     for f in fields(t):
         if f.name in out and isinstance(out[f.name], list):

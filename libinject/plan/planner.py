@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
 
 from libinject.constants import FABRICMANAGER_SOCKET, NVIDIA_MAJOR, PERSISTENCED_SOCKET
 from libinject.discover.libraries import DEBIAN_LIB_DIRS
@@ -34,7 +32,12 @@ from libinject.plan.edits import (CgroupRule, ContainerEdits, CudaCompatEdit, De
                              MountEdit, SymlinkEdit)
 from libinject.errors import NvhookError
 from libinject.discover.model import DeviceNode, Driver, Gpu, HostFile, Library
+from libinject.record import record, replace
 from libinject.request.model import Request
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping, Sequence
 
 BIN_DIR = "/usr/bin"
 CAPS_DIR = "/dev/nvidia-caps"
@@ -46,7 +49,7 @@ FIRMWARE_OPTS = ("ro", "nosuid", "nodev", "bind")
 IPC_OPTS = ("nosuid", "nodev", "noexec", "bind")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Flags:
     """Container option flags derived from the capabilities (options.h)."""
     utility_bins: bool

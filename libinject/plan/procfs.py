@@ -11,12 +11,15 @@ Driver.gpu_procfs, read by libinject.discover.procfs); nothing here touches the 
 from __future__ import annotations
 
 import posixpath
-from typing import Iterable, Mapping
 
 from libinject.discover.model import Driver, Gpu
 from libinject.discover.procfs import FILES
 from libinject.errors import NvhookError
 from libinject.plan.edits import ProcfsEdit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping
 
 PROC_DRIVER = "/proc/driver/nvidia"
 

@@ -20,11 +20,13 @@ predicate>", with the cuda>= hint when that token starts with "cuda>="; a parse 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
-
 from libinject.errors import NvhookError
 from libinject.discover.model import DriverInfo, Gpu
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Sequence
 
 # Order matters: the first operator whose text strncmp-matches the operator run wins.
 _OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
@@ -39,7 +41,7 @@ class InvalidExpression(Exception):
     """An atom that cannot be parsed or compared (dsl.c returns -1)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Facts:
     """What the atoms are checked against (dsl_data: driver + one device)."""
     cuda_version: str | None

@@ -6,10 +6,10 @@ discovery runs as is not part of it: that is host configuration (DiscoverOptions
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from libinject.record import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     devices: str | None = None          # selection grammar ("all", "0,1", "GPU-..", "0:1", "MIG-.."); "none" = driver only; None = not a GPU container
     capabilities: frozenset[str] = frozenset({"utility", "compute"})

@@ -28,14 +28,16 @@ already; specs built in memory get the same check here).
 from __future__ import annotations
 
 import posixpath
-import re
-from typing import Any
 
 from libinject.errors import NvhookError
 from libinject.request.model import Request
 from libinject.request.oci_state import field
 
 from libinject.constants import DEFAULT_CAPABILITIES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEVICES_ROOT = "/var/run/nvidia-container-devices"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -51,10 +53,33 @@ IMEX = "NVIDIA_IMEX_CHANNELS"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 # Go's strconv.ParseBool, which NVIDIA uses for NVIDIA_DISABLE_REQUIRE.
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-# Go's semver as NVIDIA applies it to CUDA_VERSION: vMAJOR[.MINOR[.PATCH]][-pre][+build]
-# ASCII digits only, as Go's: \d would also take "١٢".
-_SEMVER = re.compile(r"v?(0|[1-9]\d*)(?:\.(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?)?"
-                     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?", re.ASCII)
+_DIGITS = "0123456789"
+_SEMVER_TAG = _DIGITS + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.-"
+
+
+def _semver(s: str) -> tuple[str, str | None, str | None] | None:
+    """Go's semver as NVIDIA applies it to CUDA_VERSION: vMAJOR[.MINOR[.PATCH]][-pre][+build].
+    The groups (major, minor, patch) of a fullmatch of, with re.ASCII,
+      v?(0|[1-9]\\d*)(?:\\.(0|[1-9]\\d*)(?:\\.(0|[1-9]\\d*))?)?(?:-[0-9A-Za-z.-]+)?(?:\\+[0-9A-Za-z.-]+)?
+    or None; by hand, as `re` costs the hook ~8 ms to import. ASCII digits only, as Go's:
+    str.isdigit() would also take "١٢". Neither the core nor the pre-release holds a "+",
+    nor the core a "-", so the first "+" and then the first "-" split it unambiguously."""
+    if s[:1] == "v":
+        s = s[1:]
+    s, plus, build = s.partition("+")
+    if plus and (not build or build.strip(_SEMVER_TAG)):
+        return None
+    core, minus, pre = s.partition("-")
+    if minus and (not pre or pre.strip(_SEMVER_TAG)):
+        return None
+    nums = core.split(".")
+    if len(nums) > 3:
+        return None
+    for n in nums:
+        if not n or n.strip(_DIGITS) or (n[0] == "0" and len(n) > 1):
+            return None
+    nums += [None] * (3 - len(nums))
+    return nums[0], nums[1], nums[2]
 
 
 def _show(value: str, limit: int = 64) -> str:
@@ -275,7 +300,7 @@ def _requirements(env: dict[str, str], legacy: bool) -> tuple[str, ...]:
 
 def legacy_cuda_version(version: str) -> str:
     """CUDA_VERSION "10.0.130" -> "10.0" (as Go's semver.MajorMinor)."""
-    m = _SEMVER.fullmatch(version.strip())
+    m = _semver(version.strip())
     if not m:
         raise NvhookError(f"invalid {CUDA_VERSION}={_show(version)}: not a version")
-    return f"{m.group(1)}.{m.group(2) or 0}"
+    return f"{m[0]}.{m[1] or 0}"

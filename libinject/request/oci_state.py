@@ -16,16 +16,19 @@ stdin: a runtime writes the state and closes the pipe as it starts the hook, so 
 state is read until EOF within STATE_TIMEOUT seconds; a stdin nobody writes to or
 closes (a FIFO, a tty) is an error, not a hang (read_state_bytes).
 
-Only json is imported: this is on the hook's path for every container.
+Only libinject.jsonc is imported (not json): this is on the hook's path for every container.
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
 
+from libinject import jsonc
 from libinject.errors import NvhookError
+from libinject.record import field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 MAX_STATE_BYTES = 1 << 20           # a state is a few hundred bytes; annotations make it more
 MAX_CONFIG_BYTES = 16 << 20         # config.json: env and mounts, never megabytes
@@ -58,7 +61,7 @@ _KIND_TEXT = {"object": "an object", "string": "a string", "list": "a list", "st
               "strings|object": "a list of strings or an object"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class State:
     oci_version: str
     id: str
@@ -132,7 +135,7 @@ def loads_json(data: bytes | str, what: str) -> Any:
     """JSON text as Python values, NvhookError naming `what` for anything that is not
     sane JSON (syntax, nesting, NUL bytes, lone surrogates, a 5000-digit number)."""
     try:
-        obj = json.loads(data)
+        obj = jsonc.loads(data)
     except RecursionError:
         raise NvhookError(f"{what} is nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as e:     # JSONDecodeError, UnicodeDecodeError, int digit limit

@@ -15,10 +15,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 PLACEHOLDER_PATH = "/usr/local/libexec/nvhook/nvhook-hook"

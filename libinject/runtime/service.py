@@ -53,12 +53,15 @@ import stat
 import struct
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
 from libinject.linux.child import Child
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAGIC = b"NVHOOK2"
 MAX_REQUEST = 64 << 10          # argv + cwd: a few hundred bytes in practice
@@ -81,7 +84,7 @@ INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 # What the hook (and the children it forks without exec) may import: all of it before
 # any worker runs, so no worker ever reads Python from the front's mount namespace.
 PRELOAD = (
-    "argparse", "ctypes", "dataclasses", "errno", "glob", "grp", "json", "posixpath", "pwd",
+    "argparse", "ctypes", "errno", "glob", "grp", "json", "posixpath", "pwd",
     "re", "resource", "select", "signal", "stat", "struct", "subprocess", "time", "tomllib",
     "traceback", "pathlib", "prctl",
     "libinject.linux.native", "libinject.errors", "libinject.linux.files", "libinject.discover.model", "libinject.request.model",
@@ -111,7 +114,7 @@ def preload() -> None:
 
 # -- the request ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     argv: tuple[str, ...]
     cwd: str | None = None
@@ -208,9 +211,9 @@ class DriverCache:
             del self.entries[next(iter(self.entries))]
 
     def dump_new(self) -> bytes:
-        import dataclasses
+        from libinject.record import asdict
 
-        return json.dumps([[list(k), dataclasses.asdict(d)] for k, d in self.new]).encode()
+        return json.dumps([[list(k), asdict(d)] for k, d in self.new]).encode()
 
     def load_new(self, data: bytes) -> int:
         from libinject.discover.snapshot import driver_from_dict
@@ -287,7 +290,7 @@ def bind(path: str) -> tuple[socket.socket, int, os.stat_result]:
 
 # -- the server ---------------------------------------------------------------------------
 
-@dataclass
+@record
 class _Job:
     child: Child                # the worker: its own process group (ldconfig, NVML with it)
     conn: socket.socket
@@ -301,14 +304,17 @@ class _Job:
 
 class Server:
     def __init__(self, path: str, *, timeout: float = 60.0, log_fd: int | None = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, notify=None) -> None:
         """log_fd: where the server and its workers write one line per event (a dup of
         the service's stderr: a worker's own fds 1 and 2 go back to the front).
-        verbose: workers also log what each request asked for."""
+        verbose: workers also log what each request asked for.
+        notify: a libinject.runtime.sdnotify.Notifier (systemd's Type=notify), told
+        READY=1 once the socket listens and STOPPING=1 when it stops listening."""
         self.path = os.path.abspath(path)
         self.timeout = timeout
         self.log_fd = log_fd
         self.verbose = verbose
+        self.notify = notify
         self.cache = DriverCache()
         self.jobs: dict[int, _Job] = {}          # by the worker's pidfd
         self.sel = selectors.DefaultSelector()
@@ -344,6 +350,8 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self.log(f"listening on {self.path} (pid {os.getpid()})")
+        if self.notify is not None:     # warm, bound, listening, signals handled: ready
+            self.notify.ready(f"serving on {self.path}")
 
     def warm(self, options) -> None:
         """Discover once in our own namespace (DiscoverOptions), so the first container
@@ -397,6 +405,8 @@ class Server:
         except OSError:
             pass
         self.log("stopped listening")
+        if self.notify is not None:
+            self.notify.stopping(f"stopping: {len(self.jobs)} request(s) in flight")
 
     # requests
     def _next_timeout(self) -> float | None:
@@ -515,9 +525,11 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
 
     def run(self) -> int:
         os.setsid()     # its own process group: a timeout kills it with its children
-        import prctl
+        import _prctl
 
-        prctl.set_pdeathsig(signal.SIGKILL)     # never outlive the server (nor run unwatched)
+        from libinject.linux.privileges import set_pdeathsig
+
+        set_pdeathsig(signal.SIGKILL)     # never outlive the server (nor run unwatched)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
@@ -560,7 +572,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         # What the hook needs, for good: the applier's set, and CAP_SYS_PTRACE to open the
         # container's namespaces (/proc/PID/ns of a non-dumpable process) before it drops
         # to the applier's set.
-        limit_capabilities(caps_kept() | {prctl.CAP_SYS_PTRACE})
+        limit_capabilities(caps_kept() | {_prctl.CAP_SYS_PTRACE})
         from libinject.runtime import hook
 
         if self.server.verbose:

@@ -27,11 +27,14 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass
-from typing import Any, Sequence
 
 from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Sequence
 
 # runc/crun global options that take a value (the command is the first non-option).
 _GLOBAL_VALUED = {"--log", "--log-format", "--root", "--criu", "--rootless", "--cgroup-manager"}
@@ -40,7 +43,7 @@ MODES = ("legacy", "cdi", "csv", "auto")
 LEGACY_HOOK_NAMES = ("nvhook-hook", "nvidia-container-runtime-hook")
 
 
-@dataclass
+@record
 class RuncArgs:
     argv: list[str]
     command: str | None = None

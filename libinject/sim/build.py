@@ -25,10 +25,10 @@ import stat
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 from libinject.errors import NvhookError
+from libinject.record import asdict
 from libinject.sim import profile as profmod
 from libinject.sim.profile import GpuSpec, LibSpec, Profile
 

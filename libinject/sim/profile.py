@@ -50,17 +50,20 @@ from __future__ import annotations
 import json
 import re
 import uuid as uuidlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from libinject.errors import NvhookError
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "a100x8"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LibSpec:
     name: str               # "libcuda"
     soname: str | None      # "libcuda.so.1"; None: versioned, "<name>.so.<driver version>"
@@ -152,7 +155,7 @@ GPU_FIELDS = {"name", "brand", "uuid", "bus_id", "minor", "cc", "architecture", 
 MIG_FIELDS = {"gi", "ci", "name", "uuid", "memory_mib"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigSpec:
     gi: int
     ci: int
@@ -161,7 +164,7 @@ class MigSpec:
     memory_mib: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuSpec:
     name: str
     brand: str            # key of BRANDS
@@ -192,7 +195,7 @@ class GpuSpec:
         return ARCHITECTURES[self.architecture][0]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Profile:
     name: str
     description: str

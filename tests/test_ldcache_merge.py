@@ -1,0 +1,428 @@
+"""The in-process ld.so.cache merge (libinject.apply.ldcache_merge) against glibc
+itself: the cache (byte for byte) and the SONAME links it leaves are the ones the
+sandboxed ldconfig leaves, in every image layout; a dynamic program in the container
+loads the driver's libraries through it; hostile caches fall back to ldconfig or fail
+with one error and never touch the host; the merge starts no process.
+
+Everything is real: the simulated host's driver libraries are ELF shared objects,
+mounted by apply() into busybox+glibc images whose cache the host's ldconfig made.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.ldcache_env import (LAYOUTS, LDCONFIG, LDCONFIG_ONLY, MERGE, apply, make_image,
+                                 plan_for, run_in_container)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def plans(a100_host, tmp_path_factory):
+    """(layout-kind, caps) -> the planner's edits (the same for every image of a kind)."""
+    tmp = tmp_path_factory.mktemp("plans")
+    out = {}
+    for kind in ("debian", "rpm"):
+        img = make_image(tmp / kind, kind)
+        for caps in ("default", "all"):
+            out[kind, caps] = plan_for(a100_host, img, caps)
+    return out
+
+
+def _edits(plans, layout: str, caps: str):
+    return plans["rpm" if layout == "rpm" else "debian", caps]
+
+
+def _twins(tmp_path: Path, layout: str) -> tuple[Path, Path]:
+    a = make_image(tmp_path / "merge", layout)
+    b = tmp_path / "ldconfig"
+    shutil.copytree(a, b, symlinks=True)
+    return a, b
+
+
+# -- what glibc's ldconfig would have written --------------------------------------------
+@pytest.mark.parametrize("caps", ["default", "all"])
+@pytest.mark.parametrize("layout", [x for x in LAYOUTS if x != "compat"])
+def test_merge_equals_sandboxed_ldconfig(tmp_path, plans, layout, caps, no_leaked_mounts):
+    """The same apply() with the merge (the default) and with ldconfig ("@!"): the same
+    cache bytes and the same links in the library folders; the merge did it."""
+    a, b = _twins(tmp_path, layout)
+    edits = _edits(plans, layout, caps)
+    merged = apply(a, edits, MERGE)
+    ran = apply(b, edits, LDCONFIG_ONLY)
+    assert (merged["error"], merged["fallback"], merged["cache"], merged["links"]) == \
+        (None, None, ran["cache"], ran["links"])
+
+
+@pytest.mark.parametrize("caps", ["default", "all"])
+def test_merge_keeps_compat_format(tmp_path, plans, caps, no_leaked_mounts):
+    """An image whose cache is old+new ("ld.so-1.7.0" holding "glibc-ld.so.cache1.1",
+    as ldconfig -c compat and glibc < 2.32 write it) keeps that format: the merge's
+    bytes are the host's ldconfig -c compat over the same tree."""
+    img = make_image(tmp_path / "img", "compat")
+    got = apply(img, _edits(plans, "compat", caps), MERGE, reference=["-c", "compat"])
+    assert (got["fallback"], got["cache"][:11], got["cache"]) == (None, b"ld.so-1.7.0", got["reference"])
+
+
+@pytest.mark.parametrize("layout", ["debian", "duplicates"])
+def test_restarted_container_equals_ldconfig(tmp_path, plans, layout, no_leaked_mounts):
+    """A container started again (its rootfs has our entries and links from the first
+    start): the merge replaces its own entries, as ldconfig does (no duplicates)."""
+    a, b = _twins(tmp_path, layout)
+    edits = _edits(plans, layout, "all")
+    merged = apply(a, edits, MERGE, times=2)
+    ran = apply(b, edits, LDCONFIG_ONLY, times=2)
+    assert (merged["fallback"], merged["cache"], merged["links"]) == (None, ran["cache"], ran["links"])
+
+
+PROG = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        void *h = dlopen(argv[i], RTLD_NOW);
+        struct link_map *lm = NULL;
+        if (h == NULL || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0)
+            printf("%s: not found\n", argv[i]);
+        else
+            printf("%s: %s\n", argv[i], lm->l_name);
+    }
+    return 0;
+}
+"""
+
+
+def test_dynamic_program_loads_driver_libraries_through_cache(tmp_path, plans, no_leaked_mounts):
+    """A dynamic program in an RPM-layout image (its libraries go to /usr/lib64, which
+    the loader does not search by default) dlopen()s libcuda.so.1 and libnvidia-ml.so.1
+    without LD_LIBRARY_PATH: not found with the image's cache, found through the
+    merged one."""
+    img = make_image(tmp_path / "img", "rpm")
+    src = tmp_path / "prog.c"
+    src.write_text(PROG)
+    subprocess.run(["gcc", "-O1", "-o", str(img / "prog"), str(src)], check=True, timeout=60)
+    shutil.copyfile(img / "etc/ld.so.cache", img / "etc/ld.so.cache.image")
+    edits = _edits(plans, "rpm", "default")
+    libs = ["libcuda.so.1", "libnvidia-ml.so.1"]
+    before = run_in_container(img, edits, "/prog", libs, merge=False)
+    after = run_in_container(img, edits, "/prog", libs)
+    assert (before, after) == (
+        "libcuda.so.1: not found\nlibnvidia-ml.so.1: not found\n",
+        "libcuda.so.1: /usr/lib64/libcuda.so.1\nlibnvidia-ml.so.1: /usr/lib64/libnvidia-ml.so.1\n")
+
+
+# -- hostile images ----------------------------------------------------------------------
+def _host_file(tmp_path: Path, data: bytes = b"host secret\n", name: str = "file") -> tuple[Path, tuple]:
+    p = tmp_path / "host" / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    st = p.stat()
+    return p, (data, st.st_mtime_ns, st.st_ino)
+
+
+def _same(p: Path, was: tuple) -> bool:
+    st = p.stat()
+    return (p.read_bytes(), st.st_mtime_ns, st.st_ino) == was
+
+
+def _lists_libcuda(cache: bytes | None, tmp_path: Path) -> bool:
+    if cache is None:
+        return False
+    f = tmp_path / "out.cache"
+    f.write_bytes(cache)
+    out = subprocess.run([LDCONFIG, "-p", "-C", str(f)], capture_output=True, text=True).stdout
+    return "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in out
+
+
+def test_cache_symlink_to_host_file_falls_back(tmp_path, plans, no_leaked_mounts):
+    """/etc/ld.so.cache a symlink to a host file: never followed; ldconfig runs (in its
+    sandbox) and replaces the link; the host file is untouched."""
+    img = make_image(tmp_path / "img", "debian")
+    host, was = _host_file(tmp_path)
+    (img / "etc/ld.so.cache").unlink()
+    (img / "etc/ld.so.cache").symlink_to(host)
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["error"], "symlink" in got["fallback"], _lists_libcuda(got["cache"], tmp_path),
+            _same(host, was)) == (None, True, True, True)
+
+
+def test_cache_fifo_falls_back(tmp_path, plans, no_leaked_mounts):
+    """A FIFO there is never opened (no hang): ldconfig runs and replaces it."""
+    img = make_image(tmp_path / "img", "debian")
+    (img / "etc/ld.so.cache").unlink()
+    os.mkfifo(img / "etc/ld.so.cache")
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["error"], "fifo" in got["fallback"], _lists_libcuda(got["cache"], tmp_path)) == \
+        (None, True, True)
+
+
+def test_cache_directory_is_one_error(tmp_path, plans, no_leaked_mounts):
+    """A directory there: ldconfig runs and cannot rename its cache over it; one
+    nvhook error, everything rolled back (the directory is still there)."""
+    img = make_image(tmp_path / "img", "debian")
+    (img / "etc/ld.so.cache").unlink()
+    (img / "etc/ld.so.cache").mkdir()
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["error"].startswith("ldconfig failed: exit status 1"), "\n" in got["error"],
+            "directory" in got["fallback"], (img / "etc/ld.so.cache").is_dir()) == (True, False, True, True)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "bad-offsets", "empty"])
+def test_bogus_cache_falls_back(tmp_path, plans, damage, no_leaked_mounts):
+    """Bytes that are not a cache as ldconfig writes it: never merged into; ldconfig
+    runs and writes a good cache."""
+    img = make_image(tmp_path / "img", "debian")
+    cache = img / "etc/ld.so.cache"
+    data = cache.read_bytes()
+    if damage == "garbage":
+        data = os.urandom(len(data))
+    elif damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "bad-offsets":      # the first entry's key points into the header
+        data = data[:52] + (4).to_bytes(4, "little") + data[56:]
+    else:
+        data = b""
+    cache.write_bytes(data)
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["error"], got["fallback"] is not None, _lists_libcuda(got["cache"], tmp_path)) == \
+        (None, True, True)
+
+
+def test_unsorted_cache_falls_back(tmp_path, plans, no_leaked_mounts):
+    """A well-formed cache whose table is not in ldconfig's order (the loader's binary
+    search would miss entries): ldconfig rebuilds it."""
+    from libinject.apply import ldcache_merge as M
+    img = make_image(tmp_path / "img", "debian")
+    c = M.parse((img / "etc/ld.so.cache").read_bytes())
+    for col in ("names", "paths", "flags", "osversion", "hwcap"):
+        getattr(c, col).reverse()
+    (img / "etc/ld.so.cache").write_bytes(M.build(c))
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["error"], got["fallback"], _lists_libcuda(got["cache"], tmp_path)) == \
+        (None, "the image's cache is not sorted", True)
+
+
+def test_huge_cache_is_one_error(tmp_path, plans, no_leaked_mounts):
+    """A cache larger than what rollback saves (16 MiB, sparse here): not merged;
+    the ldconfig path refuses it too, with one error; nothing left mounted."""
+    img = make_image(tmp_path / "img", "debian")
+    with open(img / "etc/ld.so.cache", "r+b") as f:
+        f.truncate(17 << 20)
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["error"], "larger than" in got["fallback"]) == (
+        "cannot save /etc/ld.so.cache in the rootfs for rollback: larger than 16777216 bytes", True)
+
+
+def test_cache_hard_link_to_host_file_is_replaced_not_written(tmp_path, plans, no_leaked_mounts):
+    """The image's cache a hard link to a host file (same file system): the merge
+    replaces the directory entry (rename), the host's inode keeps its bytes."""
+    img = make_image(tmp_path / "img", "debian")
+    host, was = _host_file(tmp_path, (img / "etc/ld.so.cache").read_bytes())
+    (img / "etc/ld.so.cache").unlink()
+    os.link(host, img / "etc/ld.so.cache")
+    got = apply(img, _edits(plans, "debian", "default"))
+    assert (got["fallback"], _lists_libcuda(got["cache"], tmp_path), _same(host, was)) == \
+        (None, True, True)
+
+
+def test_etc_symlink_out_of_rootfs_stays_inside(tmp_path, plans, no_leaked_mounts):
+    """/etc a symlink to an absolute host path (which exists on the host, with an
+    ld.so.cache): it resolves inside the rootfs; the merge reads and writes the image's
+    cache there; the host's file is untouched."""
+    img = make_image(tmp_path / "img", "debian")
+    host, was = _host_file(tmp_path, (img / "etc/ld.so.cache").read_bytes(), "ld.so.cache")
+    inside = Path(str(img) + str(host.parent))      # where /etc resolves in the rootfs
+    inside.parent.mkdir(parents=True)
+    (img / "etc").rename(inside)
+    (img / "etc").symlink_to(host.parent)
+    got = apply(img, _edits(plans, "debian", "default"))
+    in_tree = (inside / "ld.so.cache").read_bytes()
+    assert (got["fallback"], _lists_libcuda(in_tree, tmp_path), _same(host, was)) == (None, True, True)
+
+
+def test_folder_without_our_libraries_falls_back(tmp_path, no_leaked_mounts):
+    """A folder none of our mounts is in (CDI's update-ldcache hook, the CUDA compat
+    directory): ldconfig scans it."""
+    from libinject.plan.edits import ContainerEdits
+    img = make_image(tmp_path / "img", "debian")
+    got = apply(img, ContainerEdits(ldconfig_folders=("/usr/lib/x86_64-linux-gnu",)))
+    assert (got["error"], got["fallback"]) == \
+        (None, "folder /usr/lib/x86_64-linux-gnu holds none of the libraries we mounted")
+
+
+# -- no child process ----------------------------------------------------------------------
+STRACED = r"""
+import pickle, sys
+sys.path.insert(0, sys.argv[1])
+from libinject.linux import native
+from libinject.apply import live, ldcache_merge
+edits, rootfs, spec = pickle.load(open(sys.argv[2], "rb"))
+native.unshare(native.CLONE_NEWNS)
+native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
+live.apply(edits, rootfs, no_cgroups=True, worker=False, ldconfig=spec)
+print("fallback:", ldcache_merge.last_fallback)
+"""
+
+
+def _strace_apply(tmp_path: Path, edits, spec: str) -> tuple[str, list[str]]:
+    """apply(worker=False) in a fresh Python under strace -f: (its output, the
+    process-creating syscalls after Python's own execve)."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace not installed")
+    img = make_image(tmp_path / "img", "debian")
+    arg = tmp_path / "args.pickle"
+    arg.write_bytes(pickle.dumps((edits, str(img), spec)))
+    script = tmp_path / "straced.py"
+    script.write_text(STRACED)
+    log = tmp_path / "strace.log"
+    r = subprocess.run(["strace", "-f", "-qq", "-o", str(log), "-e",
+                        "trace=execve,execveat,fork,vfork,clone,clone3",
+                        sys.executable, "-I", str(script), str(REPO), str(arg)],
+                       capture_output=True, text=True, timeout=120)
+    calls = [ln for ln in log.read_text().splitlines()
+             if any(f" {c}(" in f" {ln.split(None, 1)[-1]}" for c in
+                    ("execve", "execveat", "fork", "vfork", "clone", "clone3"))]
+    return r.stdout + r.stderr, calls[1:]     # [0]: strace's own execve of Python
+
+
+def test_merge_runs_no_child_process(tmp_path, plans):
+    """The merge path forks and execs nothing (strace -f: no clone/fork/execve)."""
+    out, calls = _strace_apply(tmp_path, _edits(plans, "debian", "all"), MERGE)
+    assert (out, calls) == ("fallback: None\n", [])
+
+
+def test_forced_ldconfig_runs_it(tmp_path, plans):
+    """"@!PATH" runs the host's ldconfig, merge or not: the same strace sees its
+    sandbox's fork and ldconfig's execve."""
+    out, calls = _strace_apply(tmp_path, _edits(plans, "debian", "default"), LDCONFIG_ONLY)
+    assert (out, any("clone" in c for c in calls), any("execve" in c for c in calls)) == \
+        ("fallback: @! or image ldconfig\n", True, True)
+
+
+# -- the pieces, against ldconfig ---------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_parse_build_round_trip(tmp_path, layout):
+    """Every cache the host's ldconfig writes (each layout, and the host's own) comes
+    out of parse() and build() byte for byte."""
+    from libinject.apply import ldcache_merge as M
+    data = make_image(tmp_path / "img", layout).joinpath("etc/ld.so.cache").read_bytes()
+    host = Path("/etc/ld.so.cache").read_bytes() if layout == "debian" else data
+    assert (M.build(M.parse(data)), M.build(M.parse(host))) == (data, host)
+
+
+def _odd_folder(root: Path, lib: str, lib32: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """Libraries that make ldconfig choose: (container paths of 'our' files, planned
+    links (target, link))."""
+    from support.simhost import compile_lib
+    ours = []
+
+    def put(path: str, soname: str | None, m32: bool = False, libc: bool = False) -> None:
+        dst = Path(str(root) + path)
+        if soname is None:      # no DT_SONAME
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", "-o", str(dst), "-x", "c", "-"],
+                           input=b"int f(void) { return 0; }\n", check=True, timeout=60)
+        elif libc:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["gcc", *(["-m32"] if m32 else []), "-shared", "-fPIC",
+                            f"-Wl,-soname,{soname}", "-Wl,--no-as-needed", "-lc", "-o", str(dst),
+                            "-x", "c", "-"], input=b"int f(void) { return 0; }\n", check=True, timeout=60)
+        else:
+            compile_lib(dst, soname, m32=m32)
+        ours.append(path)
+
+    put(f"{lib}/libodd64.so.1.2", "libodd64.so.1")
+    put(f"{lib}/libnosoname.so.5", None)
+    put(f"{lib}/libaaa.so.3.0", "libaaa.so.3")
+    put(f"{lib32}/libplain32.so.1.0", "libplain32.so.1", m32=True)
+    put(f"{lib32}/libc32.so.2.0", "libc32.so.2", m32=True, libc=True)
+    for name, data in (("libtext.so.1", b"not an ELF file\n"), ("libempty.so.1", b"")):
+        Path(str(root) + f"{lib}/{name}").write_bytes(data)
+        ours.append(f"{lib}/{name}")
+    links = [("libodd64.so.1.2", f"{lib}/libodd64.so.1"), ("libodd64.so.1", f"{lib}/libodd64.so"),
+             ("libaaa.so.3.0", f"{lib}/libaaa.so.3"), ("libaaa.so.3", f"{lib}/libzzz.so.3"),
+             ("libc32.so.2.0", f"{lib32}/libc32.so.2")]   # libplain32.so.1: made by the merge
+    return ours, links
+
+
+def _merge_copy(root: Path, folders: tuple[str, ...], ours: list[str], links) -> dict:
+    from libinject.apply.ldconfig import update
+    from libinject.apply.rootfs import RootFS
+    from libinject.plan.edits import SymlinkEdit
+    from libinject.apply import ldcache_merge as M
+    from support.ldcache_env import folder_links
+    r = RootFS(str(root))
+    fds = [os.open(str(root) + p, os.O_PATH) for p in ours]
+    try:
+        how = update(r, folders, libraries=list(zip(ours, fds)),
+                     links=[SymlinkEdit(t, ln) for t, ln in links])
+        r.journal.commit()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        r.close()
+    return {"how": how, "fallback": M.last_fallback, "cache": (root / "etc/ld.so.cache").read_bytes(),
+            "links": folder_links(root, folders)}
+
+
+def test_odd_libraries_equal_ldconfig(tmp_path):
+    """What ldconfig makes of libraries without a SONAME, non-ELF and empty files, i386
+    libraries with and without libc (libc6 / plain ELF flags), a -dev link, a link whose
+    name sorts above its file: the same cache and links from the merge."""
+    if subprocess.run(["gcc", "-m32", "-shared", "-nostdlib", "-o", str(tmp_path / "t.so"), "-x", "c",
+                       "-"], input=b"int f(void){return 0;}\n", capture_output=True).returncode:
+        pytest.skip("no gcc -m32")
+    lib, lib32 = "/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"
+    a = make_image(tmp_path / "merge", "debian")
+    ours, links = _odd_folder(a, lib, lib32)
+    for target, link in links:
+        Path(str(a) + link).symlink_to(target)
+    b = tmp_path / "ldconfig"
+    shutil.copytree(a, b, symlinks=True)
+    subprocess.run([LDCONFIG, "-r", str(b), "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", lib, lib32],
+                   check=True, capture_output=True, timeout=60)
+    from support.ldcache_env import folder_links
+    got = _merge_copy(a, (lib, lib32), ours, links)
+    assert (got["how"], got["fallback"], got["cache"], got["links"]) == \
+        ("merged", None, (b / "etc/ld.so.cache").read_bytes(), folder_links(b, (lib, lib32)))
+
+
+def test_merge_rolls_back(tmp_path):
+    """What the merge did (the cache rewritten, a SONAME link the planner had not
+    planned) is undone by the journal's rollback: the image's cache and folder as
+    they were."""
+    if subprocess.run(["gcc", "-m32", "-shared", "-nostdlib", "-o", str(tmp_path / "t.so"), "-x", "c",
+                       "-"], input=b"int f(void){return 0;}\n", capture_output=True).returncode:
+        pytest.skip("no gcc -m32")
+    from libinject.apply.ldconfig import update
+    from libinject.apply.rootfs import RootFS
+    from libinject.plan.edits import SymlinkEdit
+    from support.ldcache_env import folder_links
+    lib, lib32 = "/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"
+    img = make_image(tmp_path / "img", "debian")
+    ours, links = _odd_folder(img, lib, lib32)
+    for target, link in links:
+        Path(str(img) + link).symlink_to(target)
+    before = ((img / "etc/ld.so.cache").read_bytes(), folder_links(img, (lib, lib32)))
+    r = RootFS(str(img))
+    fds = [os.open(str(img) + p, os.O_PATH) for p in ours]
+    try:
+        how = update(r, (lib, lib32), libraries=list(zip(ours, fds)),
+                     links=[SymlinkEdit(t, ln) for t, ln in links])
+        changed = (img / "etc/ld.so.cache").read_bytes() != before[0]
+        left = r.journal.rollback()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        r.close()
+    after = ((img / "etc/ld.so.cache").read_bytes(), folder_links(img, (lib, lib32)))
+    assert (how, changed, left, after) == ("merged", True, [], before)
