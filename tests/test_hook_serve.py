@@ -44,6 +44,26 @@ def test_served_gpu1(tmp_path, hook_config, server, gpu_uuids):
     assert "imported after fork" not in server.log()
 
 
+def test_requests_go_to_a_spare_forked_before_them(tmp_path, hook_config, server, gpu_uuids):
+    """The worker for a request is forked ahead of it (a spare, named nvhook-spare while it
+    waits): it serves the request and a new spare takes its place. A spare that is gone
+    when a request comes (killed) costs nothing but the fork it saved."""
+    server.wait_until(lambda: len(server.spares()) == 1, "a spare worker waiting")
+    [first] = server.spares()
+    with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    server.wait_until(lambda: len(server.spares()) == 1 and server.spares() != [first], "a new spare")
+    assert not Path(f"/proc/{first}").exists()          # it served the request and exited
+    [second] = server.spares()
+    os.kill(second, signal.SIGKILL)
+    with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert server.statuses() == [0, 0], server.log()
+    assert f"spare worker {second}:" in server.log()    # the request got a worker of its own
+
+
 @pytest.mark.parametrize("stage", ["prestart", "createContainer"])
 def test_hooks_outside_the_service_namespace_do_it_themselves(tmp_path, hook_config, server,
                                                                gpu_uuids, stage):

@@ -31,7 +31,8 @@ from __future__ import annotations
 import errno
 import os
 
-from libinject.linux import mountinfo
+from libinject.linux import mountinfo, native
+from libinject.linux.files import read_bounded
 from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
 from libinject.record import field, record
@@ -131,13 +132,11 @@ def _mount_visible(proc_root: str) -> Visible:
         except OSError:
             return False
         try:
-            with open(f"{proc_root}/self/fdinfo/{fd}") as f:
-                for line in f:
-                    if line.startswith("mnt_id:"):
-                        return int(line.split()[1]) == m.mount_id
+            return native.mount_id(fd)[0] == m.mount_id   # statx: what fdinfo's mnt_id says
+        except OSError:
+            return False
         finally:
             os.close(fd)
-        return False
     return visible
 
 
@@ -164,8 +163,10 @@ def find_cgroup_dirs(pid: int, *, proc_root: str = "/proc",
     """(v1 devices dir, cgroup2 dir) of process pid as seen from our mount namespace;
     None where there is none to change."""
     try:
-        with open(f"{proc_root}/{pid}/cgroup") as f:
-            cg = proc_cgroups(f.read())
+        data = read_bounded(f"{proc_root}/{pid}/cgroup", 1 << 20, "cgroup list", missing_ok=True)
+        if data is None:
+            raise FileNotFoundError
+        cg = proc_cgroups(data.decode(errors="replace"))
         mounts = cgroup_mounts(mountinfo.read(proc_root=proc_root))
     except FileNotFoundError:
         raise NvhookError(f"no such process: {pid}") from None

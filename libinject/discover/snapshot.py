@@ -73,11 +73,22 @@ if TYPE_CHECKING:
 
 
 def _read(path: str) -> str | None:
+    # os.read, not open(): io's wrapper adds fstat, ioctl and lseek calls to each of the
+    # dozens of small files a fingerprint reads
     try:
-        with open(path, "rb") as f:
-            return f.read(_SMALL).decode(errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
+    try:
+        chunks, left = [], _SMALL
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _text(path: str) -> str | None | tuple:

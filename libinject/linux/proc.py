@@ -14,3 +14,9 @@ def proc_fd() -> int:
     if _PROC_FD is None:
         _PROC_FD = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     return _PROC_FD
+
+
+def opened() -> int | None:
+    """proc_fd()'s fd if this process has opened it (a caller closing every other fd
+    must keep it: the number would be reused)."""
+    return _PROC_FD

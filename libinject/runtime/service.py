@@ -19,8 +19,10 @@ Protocol (SOCK_SEQPACKET, one message each way, so no framing):
   front -> server: b"G": the front is committed (it no longer falls back: the container
       may be partly configured from now on); only then does the worker start. A front
       that gave up waiting for b"A" (5 s) has closed instead, and the worker does nothing.
-  server -> front: b"S" + int32 status + what the hook wrote to stdout/stderr (at most
-      MAX_OUTPUT bytes): the hook's exit status, or CRASHED / TIMED_OUT. The front writes
+  worker or server -> front: b"S" + int32 status + what the hook wrote to stdout/stderr
+      (at most MAX_OUTPUT bytes): the hook's exit status, sent by the worker itself as
+      soon as the hook is done (the front need not wait for it to exit and be reaped),
+      or, from the server, CRASHED / TIMED_OUT (or a status the worker could not send). The front writes
       the text to its own stderr, so the runtime's pipes never leave the front: a wedged
       service can delay a container start by SERVE_WAIT_S at most, never hold it.
   Anything else (refused peer, malformed request, argv the hook's parser does not take,
@@ -57,6 +59,7 @@ import time
 from libinject.constants import SAFE_PATH
 from libinject.errors import NvhookError
 from libinject.linux.child import Child
+from libinject.linux.privileges import cap_last_cap
 from libinject.record import record
 
 TYPE_CHECKING = False
@@ -80,6 +83,9 @@ MAX_JOBS = 64                   # beyond this, connections are closed: the front
 MAX_CACHED = 8                  # driver roots remembered
 RECV_TIMEOUT = 5.0              # the front sends its request right after connect()
 INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
+SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
+WORKER_NAME = "nvhook-worker"
+REPORTED = 0x80                 # in a worker's exit status: it sent b"S" itself (hook codes < 128)
 
 # What the hook (and the children it forks without exec) may import: all of it before
 # any worker runs, so no worker ever reads Python from the front's mount namespace.
@@ -300,6 +306,7 @@ class _Job:
     started: float
     deadline: float
     timed_out: bool = False
+    reported: bool = False      # the worker sent the front its status itself
 
 
 class Server:
@@ -317,6 +324,8 @@ class Server:
         self.notify = notify
         self.cache = DriverCache()
         self.jobs: dict[int, _Job] = {}          # by the worker's pidfd
+        # The next request's worker, forked ahead of it: (its Child, our end of its socket).
+        self.spare: tuple[Child, socket.socket] | None = None
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.sock: socket.socket | None = None
@@ -342,6 +351,7 @@ class Server:
         preload()
         if warm is not None:
             self.warm(warm)
+        cap_last_cap()          # read once here, not in every worker
         self.sock, self.lock, self._st = bind(self.path)
         self.sock.setblocking(False)
         self.sel.register(self.sock, selectors.EVENT_READ, "accept")
@@ -350,6 +360,7 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self.log(f"listening on {self.path} (pid {os.getpid()})")
+        self._spawn_spare()
         if self.notify is not None:     # warm, bound, listening, signals handled: ready
             self.notify.ready(f"serving on {self.path}")
 
@@ -385,6 +396,7 @@ class Server:
 
     def close(self) -> None:
         self._close_listener()
+        self._drop_spare()
         for job in list(self.jobs.values()):
             job.child.reap()
             self._done(job, TIMED_OUT)
@@ -405,6 +417,7 @@ class Server:
         except OSError:
             pass
         self.log("stopped listening")
+        self._drop_spare()
         if self.notify is not None:
             self.notify.stopping(f"stopping: {len(self.jobs)} request(s) in flight")
 
@@ -441,22 +454,8 @@ class Server:
             return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
         output = os.memfd_create("nvhook-output", os.MFD_CLOEXEC)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        worker = os.fork()
-        if worker == 0:  # pragma: no cover - runs in the worker
-            code = INTERNAL
-            try:
-                code = _Worker(self, conn, pid, learned, output).run()
-            except BaseException as e:  # noqa: BLE001 - never return into the server's loop
-                self.log(f"request from pid {pid}: worker failed: {type(e).__name__}: {e}")
-            finally:
-                os._exit(code)
-        try:
-            child = Child(worker, group=True)
-        except OSError:                     # pragma: no cover - kernels before 5.3
-            os.kill(worker, signal.SIGKILL)
-            os.waitpid(worker, 0)           # killed: returns at once
+        child = self._to_spare(conn, pid, learned, output) or self._fork_worker(conn, pid, learned, output)
+        if child is None:                   # pragma: no cover - kernels before 5.3
             conn.close()
             os.close(learned)
             os.close(output)
@@ -465,6 +464,73 @@ class Server:
         job = _Job(child, conn, learned, output, pid, now, now + self.timeout)
         self.jobs[child.pidfd] = job
         self.sel.register(child.pidfd, selectors.EVENT_READ, "job")
+        self._spawn_spare()                 # while this one works, on another CPU
+
+    def _fork(self, work) -> Child | None:
+        """A worker process running work() (its exit status); None if no pidfd."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        worker = os.fork()
+        if worker == 0:  # pragma: no cover - runs in the worker
+            code = INTERNAL
+            try:
+                code = work()
+            except BaseException as e:  # noqa: BLE001 - never return into the server's loop
+                self.log(f"worker failed: {type(e).__name__}: {e}")
+            finally:
+                os._exit(code)
+        try:
+            return Child(worker, group=True)
+        except OSError:                     # pragma: no cover - kernels before 5.3
+            os.kill(worker, signal.SIGKILL)
+            os.waitpid(worker, 0)           # killed: returns at once
+            return None
+
+    def _fork_worker(self, conn: socket.socket, peer: int, learned: int, output: int) -> Child | None:
+        return self._fork(lambda: _Worker(self, conn, peer, learned, output).run())
+
+    # A spare: the fork of a warm server and the worker's own set-up (~2-3 ms on the
+    # hook's path) done before the request comes. It waits on a socket pair for the
+    # server to pass it [conn, learned, output] and the peer's pid, then is a worker.
+    def _spawn_spare(self) -> None:
+        if self.spare is not None or self.stopping:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+
+        def wait() -> int:
+            ours.close()
+            return _Worker.spare(self, theirs)
+
+        child = self._fork(wait)
+        theirs.close()
+        if child is None:                   # pragma: no cover - kernels before 5.3
+            ours.close()
+            return
+        self.spare = (child, ours)
+
+    def _to_spare(self, conn: socket.socket, peer: int, learned: int, output: int) -> Child | None:
+        """Hand the request to the spare (None: there is none, or it is gone)."""
+        if self.spare is None:
+            return None
+        (child, sock), self.spare = self.spare, None
+        try:
+            sock.sendmsg([struct.pack("i", peer)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                     struct.pack("3i", conn.fileno(), learned, output))],
+                          socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except OSError as e:
+            self.log(f"spare worker {child.pid}: {e.strerror}; forking one for the request")
+            child.close()       # killed and reaped
+            return None
+        finally:
+            sock.close()
+        return child
+
+    def _drop_spare(self) -> None:
+        if self.spare is None:
+            return
+        (child, sock), self.spare = self.spare, None
+        sock.close()
+        child.close()       # killed and reaped
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -486,6 +552,9 @@ class Server:
             self.log(f"request from pid {job.peer}: worker {job.child.pid} died of signal {-code}")
             code = CRASHED
         else:
+            if code & REPORTED:
+                job.reported = True
+                code &= ~REPORTED
             try:
                 size = os.fstat(job.learned).st_size
                 if size:
@@ -500,15 +569,18 @@ class Server:
         del self.jobs[job.child.pidfd]
         job.child.close()
         os.close(job.learned)
-        try:
-            out = os.pread(job.output, MAX_OUTPUT, 0)
-        except OSError:
-            out = b""
+        out = b""
+        if not job.reported:
+            try:
+                out = os.pread(job.output, MAX_OUTPUT, 0)
+            except OSError:
+                pass
         os.close(job.output)
-        try:
-            job.conn.send(STATUS + struct.pack("i", code) + out, socket.MSG_NOSIGNAL)
-        except OSError:
-            pass
+        if not job.reported:
+            try:
+                job.conn.send(STATUS + struct.pack("i", code) + out, socket.MSG_NOSIGNAL)
+            except OSError:
+                pass
         job.conn.close()
         self.log(f"request from pid {job.peer}: status {code} in "
                  f"{(time.monotonic() - job.started) * 1000:.1f} ms")
@@ -523,18 +595,66 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         self.learned, self.output = learned, output
         self.log = server.log
 
-    def run(self) -> int:
+    @staticmethod
+    def prepare(server: Server) -> bool:
+        """A worker's own set-up, right after the fork; False if the server is gone."""
         os.setsid()     # its own process group: a timeout kills it with its children
-        import _prctl
-
         from libinject.linux.privileges import set_pdeathsig
 
         set_pdeathsig(signal.SIGKILL)     # never outlive the server (nor run unwatched)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
-        if os.getppid() != self.server.pid:   # the server died before we got here
+        if os.getppid() != server.pid:      # the server died before we got here
+            return False
+        # Its env is PATH alone, and it keeps what the hook needs, for good: the
+        # applier's capabilities, and CAP_SYS_PTRACE to open the container's namespaces
+        # (/proc/PID/ns of a non-dumpable process) before it drops to the applier's set.
+        os.environ.clear()
+        os.environ["PATH"] = SAFE_PATH
+        import _prctl
+
+        from libinject.apply.live import caps_kept
+        from libinject.linux.privileges import limit_capabilities
+
+        limit_capabilities(caps_kept() | {_prctl.CAP_SYS_PTRACE})
+        return True
+
+    @staticmethod
+    def spare(server: Server, sock: socket.socket) -> int:
+        """A spare's life: set up, wait for a request from the server, serve it. The
+        server closing its end (it stops) ends it."""
+        if not _Worker.prepare(server):
             return INTERNAL
+        from libinject.linux.privileges import set_name
+
+        set_name(SPARE_NAME)
+        keep = {0, 1, 2, sock.fileno()}     # nothing of the server's, while we wait
+        if server.log_fd is not None:
+            keep.add(server.log_fd)
+        _close_all_but(keep)
+        try:
+            data, anc, _flags, _ = sock.recvmsg(4, socket.CMSG_SPACE(3 * 4))
+        except OSError:
+            return INTERNAL
+        fds: list[int] = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+        sock.close()
+        if len(data) != 4 or len(fds) != 3:
+            return 0                        # the server closed its end: not needed
+        set_name(WORKER_NAME)
+        conn = socket.socket(fileno=fds[0])
+        return _Worker(server, conn, struct.unpack("i", data)[0], fds[1], fds[2]).serve()
+
+    def run(self) -> int:
+        if not self.prepare(self.server):
+            return INTERNAL
+        return self.serve()
+
+    def serve(self) -> int:
+        """The request on self.conn, from the front's message to its status."""
         before = set(sys.modules)
 
         self.conn.settimeout(RECV_TIMEOUT)
@@ -554,8 +674,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         for fd in fds:
             os.close(fd)
 
-        # The hook's stdout and stderr go to a memfd the server sends back to the front;
-        # its env is PATH alone; nothing of the server's is left open.
+        # The hook's stdout and stderr go to a memfd sent back to the front; nothing of
+        # the server's is left open.
         os.dup2(self.output, 1)
         os.dup2(self.output, 2)
         devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -564,15 +684,6 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         if self.server.log_fd is not None:
             keep.add(self.server.log_fd)
         _close_all_but(keep)
-        os.environ.clear()
-        os.environ["PATH"] = SAFE_PATH
-        from libinject.apply.live import caps_kept
-        from libinject.linux.privileges import limit_capabilities
-
-        # What the hook needs, for good: the applier's set, and CAP_SYS_PTRACE to open the
-        # container's namespaces (/proc/PID/ns of a non-dumpable process) before it drops
-        # to the applier's set.
-        limit_capabilities(caps_kept() | {_prctl.CAP_SYS_PTRACE})
         from libinject.runtime import hook
 
         if self.server.verbose:
@@ -604,10 +715,17 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
                 os.write(self.learned, self.server.cache.dump_new())
             except OSError:
                 pass
+        reported = 0
+        try:        # the front goes on now; what is left of us is only our exit
+            out = os.pread(1, MAX_OUTPUT, 0)      # our stdout: the output memfd
+            self.conn.send(STATUS + struct.pack("i", code) + out, socket.MSG_NOSIGNAL)
+            reported = REPORTED
+        except OSError:
+            pass        # the server sends it once we are gone
         late = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings."))
         if late:
             self.log(f"warning: imported after fork (add to service.PRELOAD): {', '.join(late)}")
-        return code
+        return (code & 0x7f) | reported
 
     def _check(self, data: bytes, flags: int, fds: list[int]) -> Request | None:
         def decline(why: str) -> None:
@@ -697,6 +815,9 @@ def _read_fd(fd: int) -> bytes:
 
 
 def _close_all_but(keep: set[int]) -> None:
+    from libinject.linux import proc
+
+    keep = keep | {proc.opened()}      # the cached /proc fd stays ours
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd not in keep:

@@ -53,11 +53,27 @@ class Serve:
     def statuses(self) -> list[int]:
         return [int(s) for s in re.findall(r"request from pid \d+: status (-?\d+)", self.log())]
 
-    def workers(self) -> list[int]:
+    def children(self) -> list[int]:
         try:
             return [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()]
         except FileNotFoundError:
             return []
+
+    def workers(self) -> list[int]:
+        """The server's children but its idle spare worker."""
+        from libinject.runtime.service import SPARE_NAME
+
+        out = []
+        for pid in self.children():
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() != SPARE_NAME:
+                    out.append(pid)
+            except FileNotFoundError:
+                pass
+        return out
+
+    def spares(self) -> list[int]:
+        return [p for p in self.children() if p not in self.workers()]
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
