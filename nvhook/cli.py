@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runtime": ("nvhook.cmd_runtime", "runtime shim in front of runc/crun"),
     "sim": ("nvhook.cmd_sim", "build simulated GPU hosts"),
     "serve": ("nvhook.cmd_serve", "serve the OCI hook from a warm process (optional)"),
-    "setup": ("nvhook.cmd_setup", "put nvhook in place on this node (setup service: the nvhook serve unit)"),
+    "setup": ("nvhook.cmd_setup", "put nvhook in place on this node: the serve unit, docker, containerd, crio, podman"),
 }
 
 def _module(name: str):

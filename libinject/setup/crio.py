@@ -1,0 +1,49 @@
+"""The `crio` target: a drop-in /etc/crio/crio.conf.d/99-nvhook.toml with the runtime
+handler `nvidia` ([crio.runtime.runtimes.nvidia]: runtime_path = this install's
+nvhook-runtime, runtime_type = "oci"), and with set_as_default
+[crio.runtime] default_runtime = "nvidia". CRI-O applies drop-ins in name order after
+crio.conf, so 99- comes late; other drop-ins are not touched. CRI-O reads every file
+under crio.conf.d (subdirectories too), so the drop-in's backup is kept in the
+directory above it (/etc/crio). An existing file of that name is edited in place
+(comments and other keys survive). CRI-O always applies CDI devices (cdi_spec_dirs
+default to /etc/cdi and /var/run/cdi): `nvhook setup podman` writes the spec.
+"""
+from __future__ import annotations
+
+import os
+
+from libinject.setup import tomldoc
+from libinject.setup.install import Target, edit_file, venv_program
+
+DROP_IN = "/etc/crio/crio.conf.d/99-nvhook.toml"
+RUNTIME = "nvidia"
+HEADER = ("written by `nvhook setup crio`; `nvhook setup crio --undo` removes it",)
+RESTART = "restart CRI-O for it to take effect (`systemctl restart crio`)"
+
+
+def configure(doc, path: str, shim: str, *, set_as_default: bool) -> None:
+    if set_as_default:
+        tomldoc.put(tomldoc.table(doc, ["crio", "runtime"], path), "default_runtime", RUNTIME)
+    nv = tomldoc.table(doc, ["crio", "runtime", "runtimes", RUNTIME], path)
+    tomldoc.put(nv, "runtime_path", shim)
+    tomldoc.put(nv, "runtime_type", "oci")
+
+
+def setup(config: str = DROP_IN, *, set_as_default: bool = False, dry_run: bool = False,
+          undo: bool = False) -> str:
+    """Write (or undo) CRI-O's drop-in; the text to show."""
+    path = os.path.abspath(config)
+    target = Target(path, os.path.dirname(os.path.dirname(path)), make_dirs=True)
+    shim = None if undo else venv_program("nvhook-runtime")
+
+    def edit(data: bytes | None) -> bytes:
+        doc = tomldoc.parse(data, target.path)
+        if not doc.keys() and not (data or b"").strip():
+            tomldoc.header(doc, HEADER)
+        configure(doc, target.path, shim, set_as_default=set_as_default)
+        return tomldoc.dumps(doc)
+
+    changed, text = edit_file(target, edit, dry_run=dry_run, undo=undo)
+    if changed and not dry_run:
+        text += RESTART + "\n"
+    return text
