@@ -1,8 +1,11 @@
-"""nvhook cdi generate | list | validate.
+"""nvhook cdi generate | refresh | list | validate.
 
 generate: discover the driver once, plan every GPU / MIG device (and "all") with the
 same planner as the hook, and write the CDI spec (libinject.apply.cdi); atomically to
 --output, or to stdout.
+refresh: the same spec, written to --output (default /var/run/cdi/nvidia.yaml) only
+when its bytes change; --watch keeps it current as the driver and its GPUs change
+(kernel uevents, and a fingerprint check every --interval s: libinject.apply.cdi_refresh).
 list: the qualified device names the spec dirs offer, resolved as the CDI cache does
 (later dir wins; the same device twice in one dir is a conflict: reported, dropped).
 validate: the official schema plus what it misses (libinject.apply.cdi_validate).
@@ -14,10 +17,47 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.description = "Generate, list and validate CDI specs."
+    from libinject.apply.cdi_refresh import DEFAULT_DEBOUNCE, DEFAULT_INTERVAL, DEFAULT_OUTPUT
+
+    p.description = "Generate, refresh, list and validate CDI specs."
     sub = p.add_subparsers(dest="cdi_command", metavar="SUBCOMMAND", required=True)
     g = sub.add_parser("generate", help="write a CDI spec for this host's GPUs")
     g.add_argument("--output", "-o", default="", help="spec file to write (default: stdout)")
+    _spec_arguments(g)
+    r = sub.add_parser(
+        "refresh", help="rewrite the CDI spec if the driver or GPUs changed (--watch: keep it current)",
+        description="Generate the CDI spec (as `cdi generate`) and write it atomically to "
+                    "--output only if its content changed (else the file, mtime included, is "
+                    "left alone); prints 'updated FILE' or 'unchanged FILE'. Discovery's "
+                    "snapshot is re-warmed on the way. --watch: go on, and refresh whenever the "
+                    "discovery fingerprint changes: checked shortly after kernel uevents for "
+                    "nvidia modules, PCI/DRM devices and nvidia* device nodes (netlink, "
+                    "pyroute2: the nvhook[refresh] extra), and every --interval seconds "
+                    "regardless (changes without a uevent: /dev nodes made by nvidia-modprobe, "
+                    "simulated hosts). SIGTERM stops it.")
+    r.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
+                   help=f"spec file to keep current (default {DEFAULT_OUTPUT})")
+    _spec_arguments(r)
+    r.add_argument("--watch", action="store_true",
+                   help="keep running: refresh when uevents or the periodic check show a change")
+    r.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
+                   help=f"--watch: check the discovery fingerprint this often even without a "
+                        f"uevent (default {DEFAULT_INTERVAL:g})")
+    r.add_argument("--debounce", type=float, default=DEFAULT_DEBOUNCE, metavar="SECONDS",
+                   help=f"--watch: after a burst of uevents, wait this long for quiet "
+                        f"(default {DEFAULT_DEBOUNCE:g})")
+    r.add_argument("--no-uevents", action="store_true",
+                   help="--watch: do not listen to uevents (periodic checks only)")
+    l_ = sub.add_parser("list", help="list the CDI devices in the spec dirs")
+    l_.add_argument("--spec-dir", action="append", default=[],
+                    help="spec dir (repeatable; later wins; default /etc/cdi /var/run/cdi)")
+    v = sub.add_parser("validate", help="validate CDI spec files")
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+
+
+def _spec_arguments(g: argparse.ArgumentParser) -> None:
+    """What the spec contains: shared by generate and refresh."""
     g.add_argument("--format", choices=("json", "yaml"), default=None,
                    help="output format (default: from --output's extension, else json)")
     g.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default nvidia.com)")
@@ -35,19 +75,16 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="nvhook executable the spec's hooks run (default: this one)")
     g.add_argument("--no-mask-procfs", action="store_true",
                    help="leave /proc/driver/nvidia unmasked (no mask-procfs hook)")
-    l_ = sub.add_parser("list", help="list the CDI devices in the spec dirs")
-    l_.add_argument("--spec-dir", action="append", default=[],
-                    help="spec dir (repeatable; later wins; default /etc/cdi /var/run/cdi)")
-    v = sub.add_parser("validate", help="validate CDI spec files")
-    v.add_argument("files", nargs="+", metavar="FILE")
-    v.add_argument("--quiet", "-q", action="store_true", help="print only problems")
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"generate": _generate, "list": _list, "validate": _validate}[args.cdi_command](args)
+    return {"generate": _generate, "refresh": _refresh, "list": _list,
+            "validate": _validate}[args.cdi_command](args)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _spec_maker(args: argparse.Namespace):
+    """(discovery options, render(driver) -> spec text) from the command line and the
+    config; every option is checked here, before anything is discovered."""
     from libinject import config
     from libinject.apply import cdi
     from libinject.constants import ALL_CAPABILITIES
@@ -71,16 +108,55 @@ def _generate(args: argparse.Namespace) -> int:
     hook = cdi.HookOptions(path=args.hook_path or cdi.default_hook_path(),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
                            config=args.config or "")
-    driver = options.discover()
-    spec = cdi.generate(driver, vendor=args.vendor, cls=args.cls, strategies=strategies,
-                        capabilities=caps, hook=hook, lib_dir=args.lib_dir,
-                        mask_procfs=not args.no_mask_procfs)
-    text = cdi.dump(spec, fmt)
+
+    def render(driver) -> str:
+        spec = cdi.generate(driver, vendor=args.vendor, cls=args.cls, strategies=strategies,
+                            capabilities=caps, hook=hook, lib_dir=args.lib_dir,
+                            mask_procfs=not args.no_mask_procfs)
+        return cdi.dump(spec, fmt)
+
+    return options, render
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from libinject.apply import cdi
+
+    options, render = _spec_maker(args)
+    text = render(options.discover())
     if args.output:
         cdi.write_atomic(args.output, text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    import os
+
+    from libinject.apply import cdi_refresh
+    from libinject.errors import NvhookError
+
+    if not args.output:
+        raise NvhookError("--output must name a file")
+    if args.watch:
+        cdi_refresh.check_timing(args.interval, args.debounce)
+    options, render = _spec_maker(args)
+    if args.output == cdi_refresh.DEFAULT_OUTPUT:
+        try:    # the runtimes' spec dir, as nvidia-cdi-refresh makes it
+            os.makedirs(os.path.dirname(args.output), mode=0o755, exist_ok=True)
+        except OSError:
+            pass    # check_output says why
+    output = cdi_refresh.check_output(args.output)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    refresher = cdi_refresh.Refresher(output, options, render)
+    if not args.watch:
+        say(f"{'updated' if refresher.refresh() else 'unchanged'} {output}")
+        return 0
+    return cdi_refresh.watch(refresher, interval=args.interval, debounce=args.debounce,
+                             uevents=not args.no_uevents, say=say)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -18,9 +18,9 @@ NOT_CLEAR = re.compile(r"Traceback|internal error|\b[A-Z][A-Za-z]*Error\b"
 
 def nvhook_caller(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
     """call(*args): `nvhook ARGS`, with only PATH and a config.toml of its own in tmp_path
-    (snapshot_dir under tmp_path)."""
+    (snapshot-dir under tmp_path)."""
     cfg = tmp_path / "config.toml"
-    cfg.write_text(f'[nvhook]\nsnapshot_dir = "{tmp_path}/snapshots"\n')
+    cfg.write_text(f'[nvhook]\nsnapshot-dir = "{tmp_path}/snapshots"\n')
     env = {"PATH": os.environ["PATH"], "NVHOOK_CONFIG": str(cfg)}
 
     def call(*args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,362 @@
+"""CDI refresh: keep a generated CDI spec current as the driver and its GPUs change
+(what NVIDIA ships as nvidia-cdi-refresh; `nvhook cdi refresh [--watch]`).
+
+A Refresher holds one spec file and how to make it: discovery's options (so a refresh
+also re-warms the discovery snapshot, libinject.discover.snapshot) and a render
+function (driver -> spec text, built by the CLI from the `cdi generate` options).
+refresh() discovers, renders and compares bytes with the file there: only different
+content is written (atomically, libinject.linux.atomic via cdi.write_atomic); an equal
+file is left alone, mtime and inode included, so runtimes watching the spec dir see
+no event.
+
+watch() keeps it current: it rechecks the discovery fingerprint (snapshot.fingerprint,
+the digest of every host input discovery's answer depends on) and refreshes when it
+changed,
+  - shortly after kernel uevents that may mean a change (a netlink
+    NETLINK_KOBJECT_UEVENT socket through pyroute2, kernel multicast group only):
+    an nvidia* kernel module loaded or removed, any PCI or DRM device event (rare on
+    a host, and a GPU appearing, going or being (un)bound is one), or any device
+    whose node is named nvidia* or whose subsystem is nvidia*; a burst is debounced
+    (checked `debounce` s after the last event, at most 5 x debounce after the first);
+  - and every `interval` s regardless: not every change comes with a uevent (the
+    /dev/nvidia* nodes are made by nvidia-modprobe, not by the kernel; a simulated
+    host produces none at all; a lost event: the socket buffer overflowed).
+A uevent is only a hint (only the kernel sends to its group, but nothing rests on
+that): the fingerprint decides. Errors
+while watching are reported as one `nvhook: ` line (once until the message changes)
+and the watch goes on: a driver that is not loaded yet at boot is what it waits for.
+SIGTERM or SIGINT stops it (after the refresh in progress, bounded by discovery's
+NVML timeout); every wait has a deadline.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from libinject.errors import NvhookError, error_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
+
+DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"     # where nvidia-cdi-refresh writes it
+DEFAULT_INTERVAL = 60.0                         # seconds between fingerprint checks
+DEFAULT_DEBOUNCE = 1.0                          # seconds of quiet after a uevent burst
+MAX_DEBOUNCES = 5                               # a burst delays a check at most this many debounces
+KERNEL_GROUP = 1                                # uevent multicast group of the kernel (2: udevd's)
+# Kernel modules whose loading or removal changes what discovery finds.
+MODULES = frozenset(("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem",
+                     "nvidia_fs", "nvidia_vgpu_vfio"))
+SUBSYSTEMS = frozenset(("pci", "drm"))
+MAX_SPEC_BYTES = 64 << 20
+MAX_WAIT = 3600.0                               # seconds: the longest single wait (then rechecked)
+
+
+# ----------------------------------------------------------------------------- uevents
+
+def parse_uevent(data: bytes) -> dict[str, str] | None:
+    """A kernel uevent datagram ("ACTION@DEVPATH\\0KEY=VALUE\\0...") as its KEY=VALUE
+    pairs; None for anything else (udevd's "libudev" messages, garbage)."""
+    parts = data.split(b"\0")
+    head = parts[0].decode(errors="replace")
+    if "@" not in head or head.startswith("libudev"):
+        return None
+    out: dict[str, str] = {}
+    for p in parts[1:]:
+        key, sep, value = p.partition(b"=")
+        if sep and key:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    action, _, devpath = head.partition("@")
+    out.setdefault("ACTION", action)
+    out.setdefault("DEVPATH", devpath)
+    return out
+
+
+def wanted(event: Mapping[str, str]) -> bool:
+    """Whether a uevent may mean that what discovery finds changed (see the module doc)."""
+    subsystem = event.get("SUBSYSTEM", "")
+    if subsystem == "module":
+        return event.get("DEVPATH", "").rsplit("/", 1)[-1] in MODULES
+    if subsystem in SUBSYSTEMS or subsystem.startswith("nvidia"):
+        return True
+    return event.get("DEVNAME", "").startswith("nvidia")
+
+
+class Debounce:
+    """When to check after a burst of events: `delay` s after the last one, but no
+    later than MAX_DEBOUNCES x delay after the first (a steady stream still gets
+    checked). Times are the caller's (time.monotonic())."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.first: float | None = None
+        self.due: float | None = None
+
+    def event(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        self.due = min(now + self.delay, self.first + MAX_DEBOUNCES * self.delay)
+
+    def ready(self, now: float) -> bool:
+        """True (once, and the burst is over) when the check is due."""
+        if self.due is None or now < self.due:
+            return False
+        self.first = self.due = None
+        return True
+
+
+def _event_of(msg: Any) -> dict[str, str] | None:
+    """A pyroute2 uevent message as parse_uevent's dict (kernel messages only)."""
+    head = (msg.get("header") or {}).get("message", "")
+    if not isinstance(head, str) or "@" not in head or head.startswith("libudev"):
+        return None
+    return {k: v for k, v in msg.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+class Uevents:
+    """The kernel's uevents, through pyroute2's asyncio netlink socket."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+
+    @classmethod
+    async def open(cls) -> Uevents:
+        """Raises NvhookError if it cannot listen (no pyroute2, no netlink)."""
+        try:
+            from pyroute2.netlink.uevent import AsyncUeventSocket
+        except ImportError as e:
+            raise NvhookError(f"cannot listen to uevents: pyroute2 is not installed "
+                              f"(the nvhook[refresh] extra): {e}") from None
+        try:
+            sock = AsyncUeventSocket()
+            try:
+                await sock.bind(groups=KERNEL_GROUP)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as e:
+            raise NvhookError(f"cannot listen to uevents: {e.strerror or e}") from None
+        return cls(sock)
+
+    async def next(self) -> list[dict[str, str]]:
+        """The events of the next datagram (waits: the caller bounds it)."""
+        return [e for m in [m async for m in self.sock.get()] if (e := _event_of(m)) is not None]
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except Exception:
+            pass
+
+
+# ----------------------------------------------------------------------------- refresh
+
+def _read_existing(path: str, limit: int) -> bytes | None:
+    """The file's bytes if it is a regular file (not followed if a symlink) of at most
+    `limit` bytes; None otherwise (then it is replaced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        chunks, left = [], limit + 1
+        while left > 0 and (b := os.read(fd, left)):
+            chunks.append(b)
+            left -= len(b)
+        data = b"".join(chunks)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def check_output(path: str) -> str:
+    """The absolute spec path, if its directory exists and is writable (checked before
+    anything is discovered or written); NvhookError otherwise."""
+    path = os.path.abspath(path)
+    d = os.path.dirname(path)
+    if os.path.basename(path) in ("", ".", ".."):
+        raise NvhookError(f"cannot write {path}: not a file name")
+    if not os.path.isdir(d):
+        raise NvhookError(f"cannot write {path}: directory {d} does not exist")
+    if not os.access(d, os.W_OK | os.X_OK):
+        import errno
+
+        why = os.strerror(errno.EROFS if _read_only(d) else errno.EACCES)
+        raise NvhookError(f"cannot write {path}: {why}")
+    if os.path.isdir(path):
+        raise NvhookError(f"cannot write {path}: a directory")
+    return path
+
+
+def _read_only(d: str) -> bool:
+    try:
+        return bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+class Refresher:
+    """One spec file kept current. options: libinject.discover.options.DiscoverOptions;
+    render(driver) -> the spec's text."""
+
+    def __init__(self, output: str, options: Any, render: Callable[[Any], str],
+                 log: Callable[[str], None] | None = None) -> None:
+        self.output = os.path.abspath(output)
+        self.options = options
+        self.render = render
+        self.log = log
+        self._watch_dirs: list[str] | None = None
+
+    def fingerprint(self) -> str:
+        """Discovery's fingerprint of the host now, with the inputs discovery uses
+        (libinject.discover.driver.discover): equal while its answer cannot have changed."""
+        from libinject.discover import driver as D
+        from libinject.discover import snapshot
+
+        o = self.options
+        if self._watch_dirs is None:
+            self._watch_dirs = D._watch_dirs()
+        root = os.path.realpath(o.root)
+        dev_root = os.path.realpath(o.dev_root) if o.dev_root else root
+        cache = os.path.join(root, (o.ldcache or D.DEFAULT_LDCACHE).lstrip("/"))
+        return snapshot.fingerprint(root, dev_root, cache, self._watch_dirs)
+
+    def refresh(self) -> bool:
+        """Discover (through the snapshot, which this re-warms), render, and write the
+        spec if its bytes differ from the file's. True if written. NvhookError on failure
+        (nothing written then)."""
+        from libinject.apply import cdi
+
+        driver = self.options.discover(log=self.log)
+        data = self.render(driver).encode()
+        if _read_existing(self.output, MAX_SPEC_BYTES) == data:
+            return False
+        cdi.write_atomic(self.output, data.decode())
+        return True
+
+
+# ----------------------------------------------------------------------------- watch
+
+def check_timing(interval: float, debounce: float) -> None:
+    import math
+
+    if not (math.isfinite(interval) and interval > 0):
+        raise NvhookError(f"--interval must be a number of seconds > 0, not {interval!r}")
+    if not (math.isfinite(debounce) and debounce >= 0):
+        raise NvhookError(f"--debounce must be a number of seconds >= 0, not {debounce!r}")
+
+
+class _Reporter:
+    """Error lines, each message once until a different one (or a success) comes."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.last = ""
+
+    def error(self, e: BaseException | str) -> None:
+        line = error_line(e)
+        if line != self.last:
+            self.last = line
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    def ok(self) -> None:
+        self.last = ""
+
+
+def watch(refresher: Refresher, *, interval: float = DEFAULT_INTERVAL,
+          debounce: float = DEFAULT_DEBOUNCE, uevents: bool = True,
+          say: Callable[[str], None] | None = None, stderr: Any = None) -> int:
+    """Refresh now, then whenever the fingerprint changes (see the module doc) until
+    SIGTERM/SIGINT; returns 0 then. say(line): "updated FILE" / "unchanged FILE"
+    (the first refresh) and "updated FILE" (later ones). Errors: one line on stderr."""
+    import asyncio
+    import sys
+
+    check_timing(interval, debounce)
+    reporter = _Reporter(stderr if stderr is not None else sys.stderr)
+    return asyncio.run(_watch(refresher, interval, debounce, uevents,
+                              say or (lambda line: None), reporter))
+
+
+async def _watch(refresher: Refresher, interval: float, debounce: float, uevents: bool,
+                 say: Callable[[str], None], reporter: _Reporter) -> int:
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    listener: Uevents | None = None
+    if uevents:
+        try:
+            listener = await asyncio.wait_for(Uevents.open(), 10)
+        except (NvhookError, asyncio.TimeoutError) as e:
+            reporter.error(f"{e or 'cannot listen to uevents: timed out'}; "
+                           f"checking every {interval:g} s only")
+    burst = Debounce(debounce)
+    current: str | None = None      # fingerprint the spec was last made at
+
+    def check(first: bool = False) -> None:
+        nonlocal current
+        try:
+            fp = refresher.fingerprint()    # before discovering: a change meanwhile is seen next time
+            if fp == current:
+                return
+            changed = refresher.refresh()
+        except NvhookError as e:
+            reporter.error(e)
+            return
+        except Exception as e:  # a bug: one line, and the watch goes on
+            reporter.error(f"internal error: {type(e).__name__}: {e}")
+            return
+        reporter.ok()
+        current = fp
+        if changed or first:
+            say(f"{'updated' if changed else 'unchanged'} {refresher.output}")
+
+    check(first=True)
+    poll_at = time.monotonic() + interval
+    stopping = asyncio.ensure_future(stop.wait())
+    receiving = asyncio.ensure_future(listener.next()) if listener else None
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            if burst.ready(now) or now >= poll_at:
+                check()
+                poll_at = time.monotonic() + interval
+                continue
+            due = min(poll_at, burst.due if burst.due is not None else poll_at)
+            waiting = {stopping} | ({receiving} if receiving else set())
+            done, _ = await asyncio.wait(waiting, timeout=min(max(due - now, 0.001), MAX_WAIT),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if receiving is not None and receiving in done:
+                try:
+                    events = receiving.result()
+                except Exception as e:
+                    reporter.error(f"uevents: {type(e).__name__}: {e}; checking every "
+                                   f"{interval:g} s only")
+                    listener.close()
+                    listener = receiving = None
+                    burst.event(time.monotonic())   # what was missed: checked
+                    continue
+                if any(wanted(e) for e in events):
+                    burst.event(time.monotonic())
+                receiving = asyncio.ensure_future(listener.next())
+    finally:
+        for t in (stopping, receiving):
+            if t is not None:
+                t.cancel()
+        if listener is not None:
+            listener.close()
+    return 0
