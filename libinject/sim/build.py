@@ -2,10 +2,12 @@
 
     create_host(dest, profile="a100x8")      # or profile_file="my.json"
 
-Everything is real except the GPU: ELF libraries with the driver's SONAMEs, a C mock
+Everything is real except the GPU: ELF libraries with the driver's SONAMEs and its
+.note.ABI-tag (NVIDIA's own nvidia-container-cli checks it), a C mock
 of libnvidia-ml (native/nvml_mock.c) that answers from the files of the root it is
 loaded from, an nvidia-smi that links it, device nodes made with mknod, procfs files
-in the driver's formats, sockets, and an etc/ld.so.cache made by `ldconfig -r`.
+in the driver's formats, sockets under run/ (var/run links to ../run, as /var/run is /run
+on a real host), and an etc/ld.so.cache made by `ldconfig -r`.
 The root also holds the host's glibc (lib/x86_64-linux-gnu) so `chroot ROOT
 /usr/bin/nvidia-smi` works, as it does on a real GPU host.
 
@@ -33,13 +35,17 @@ from libinject.sim import profile as profmod
 from libinject.sim.profile import GpuSpec, LibSpec, Profile
 
 NATIVE = Path(__file__).resolve().parent / "native"
-CACHE_FORMAT = "1"   # bump when the compile recipe changes
+CACHE_FORMAT = "2"   # bump when the compile recipe changes
 CC = "gcc"
 CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
 ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
 NVIDIA_MAJOR = 195
 # Dev links the .run installer makes besides the SONAME links.
 DEV_LINKS = ("libcuda", "libnvidia-ml", "libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow")
+# Kernel version in the libraries' .note.ABI-tag (native/abi_note.S). libnvidia-container
+# selects libnvidia-tls.so.* only when it says Linux 2.3.99 (the driver's TLS library
+# for the NPTL ABI); the driver's other libraries are built the same way.
+ABI_TAG = (2, 3, 99)
 
 
 # ---------------------------------------------------------------- compile cache
@@ -87,14 +93,19 @@ def _defines(prof: Profile) -> list[str]:
 def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
     # --no-as-needed -lc: DT_NEEDED libc.so.6 like the real libraries (ldconfig then tags
     # 32-bit entries "libc6" rather than plain "ELF").
+    # abi_note.S: a .note.ABI-tag, as the driver's libraries carry. --build-id=none: so
+    # that it is also the first (only) SHT_NOTE section: older libnvidia-container read
+    # the first one, newer ones look it up by name.
     flags = [*ARCHES[arch][1], "-shared", f"-Wl,-soname,{lib.real_soname(prof.driver_version)}",
-             "-Wl,--no-as-needed", "-lc", *_defines(prof)]
+             "-Wl,--no-as-needed", "-lc", "-Wl,--build-id=none", *_defines(prof),
+             *(f"-DSIM_ABI_{k}={v}" for k, v in zip(("MAJOR", "MINOR", "PATCH"), ABI_TAG))]
     if lib.name == "libnvidia-ml":
-        return _compile(["nvml_mock.c"], [*flags, "-lpthread"], f"{arch}-{lib.file_name(prof.driver_version)}")
+        return _compile(["nvml_mock.c", "abi_note.S"], [*flags, "-lpthread"],
+                        f"{arch}-{lib.file_name(prof.driver_version)}")
     flags.append(f'-DSIM_LIB="{lib.name}"')
     if lib.name == "libcuda":
         flags.append("-DSIM_LIBCUDA")
-    return _compile(["driver_lib.c"], flags, f"{arch}-{lib.file_name(prof.driver_version)}")
+    return _compile(["driver_lib.c", "abi_note.S"], flags, f"{arch}-{lib.file_name(prof.driver_version)}")
 
 
 def _build_tool(prof: Profile, name: str, nvml: Path) -> Path:
@@ -385,6 +396,10 @@ def _build(root: Path, prof: Profile) -> None:
                f"nvhook simulated GSP firmware {fw} for driver {prof.driver_version}\n")
     _install_devices(root, prof)
     _install_procfs(root, prof)
+    # As on a real host, /var/run is /run: NVIDIA's tools name the sockets /var/run/...
+    # Relative, so that it resolves inside the root wherever the root is.
+    (root / "var").mkdir(exist_ok=True)
+    (root / "var/run").symlink_to("../run")
     if "nvidia-persistenced" in prof.binaries:
         _unix_socket(root / "run/nvidia-persistenced/socket")
     if "nv-fabricmanager" in prof.binaries:
