@@ -38,6 +38,7 @@ import gc
 import os
 import select
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -234,7 +235,6 @@ def _read(fd: int, n: int, deadline: float) -> bytes:
 
 def _cache_names(cache: Path) -> dict[str, str]:
     """SONAME -> path, as `ldconfig -p` lists a cache file."""
-    import subprocess
     out = subprocess.run(["/sbin/ldconfig", "-p", "-C", str(cache)], capture_output=True,
                          text=True, check=True).stdout
     return {ln.split()[0]: ln.rsplit("=> ", 1)[1] for ln in out.splitlines()[1:] if "=> " in ln}
@@ -286,6 +286,9 @@ def main() -> int:
         t = Path(tmp)
         host = create_host(t / "host", profile="a100x8")
         template = build_rootfs(t / "template")
+        # Real images ship an /etc/ld.so.cache (the hook merges into it; without one it
+        # runs ldconfig): make the template's as an image build would.
+        subprocess.run(["/sbin/ldconfig", "-r", str(template)], check=True)
         driver = discover(str(host), snapshot=False)
         lib_dir, lib32_dir = container_lib_dirs(str(template))
         cases = {

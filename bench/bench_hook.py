@@ -105,6 +105,7 @@ def main() -> int:
     try:
         host = create_host(work / "host", profile="a100x8")
         rootfs = build_rootfs(work / "rootfs")
+        subprocess.run(["/sbin/ldconfig", "-r", str(rootfs)], check=True)   # as images ship one
         cfg = work / "config.toml"
         cfg.write_text(f'[nvidia-container-cli]\nroot = "{host}"\n'
                        f'[nvhook]\nsnapshot = {snapshot}\nsnapshot-dir = "{work}/snapshots"\n')

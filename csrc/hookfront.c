@@ -9,13 +9,9 @@
  * not understand: exec `<venv python> -I -c <nvhook main> ARGS...` with the state on
  * stdin (a memfd), an explicit minimal environment and cwd "/"; Python decides.
  *
- * The filter only ever sends more containers to Python, never fewer:
- * - a config.toml that sets swarm-resource or annotation-prefixes (other variables /
- *   prefixes can ask for GPUs) sends everything to Python;
- * - the one string it skips is an env entry spelled exactly "NVIDIA_VISIBLE_DEVICES=void"
- *   or "NVIDIA_VISIBLE_DEVICES=" (not a GPU container; any other entry still counts).
- *   A config.json spelling a trigger with \u escapes goes unseen: that only denies the
- *   container GPUs, it never grants anything.
+ * The filter (csrc/gpuscan.h, shared with the runtime shim's front) only ever sends more
+ * containers to Python, never fewer; a config.toml that sets swarm-resource or
+ * annotation-prefixes (other variables / prefixes can ask for GPUs) sends everything.
  *
  * The environment is never read for a hook stage: runc runs a createContainer hook whose
  * entry has no env with the *container's* environment (CVE-2025-23266), so every setting
@@ -56,6 +52,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "gpuscan.h"
 #include "pyexec.h"
 
 #ifndef SO_PEERPIDFD
@@ -76,14 +73,10 @@
 #define SERVE_GRACE_S 30        /* beyond the service's own timeout, before we give up */
 #define SERVE_WAIT_S 5          /* a wedged server costs a container this, then we exec */
 #define STATE_WAIT_S 30         /* for the runtime to write the state and close stdin */
-#define MAX_SPEC (16 << 20)     /* as libinject.request.oci_state.MAX_CONFIG_BYTES */
 #define MAX_CONF (1 << 20)
 
-static const char *const TRIGGERS[] = {
-    "NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "nvidia-container-devices", "cdi.k8s.io/", NULL,
-};
-/* config.toml keys that widen what can ask for a GPU beyond TRIGGERS */
-static const char *const CONF_KEYS[] = {"swarm-resource", "annotation-prefixes", NULL};
+/* config.toml keys that widen what can ask for a GPU beyond TRIGGERS (gpuscan.h) */
+static const char *const CONF_KEYS[] = {WIDENING_KEYS, NULL};
 /* global options of nvhook that take a value (libinject/runtime/hook.py GLOBAL_VALUED) */
 static const char *const VALUED[] = {"--root", "--ldcache", "--user", "--debug", "--config",
                                      "--socket", NULL};
@@ -99,59 +92,6 @@ static int g_argc;
 static char g_cwd[PATH_MAX];
 static char *g_state;
 static size_t g_state_len;
-
-/* Read fd to EOF, at most max+1 bytes (so the caller can tell "too big"). */
-static char *read_all(int fd, size_t max, size_t *len)
-{
-    size_t cap = 8192, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf)
-        return NULL;
-    for (;;) {
-        if (n == cap) {
-            if (cap > max)
-                break;
-            cap *= 2;
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-        }
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            free(buf);
-            return NULL;
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
-/* open(2) that never blocks on a FIFO or device: a regular file's fd, -2 for anything
- * else (closed), -1 with errno if it cannot be opened. */
-static int open_regular(int dirfd, const char *path)
-{
-    int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return -2;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    return fd;
-}
 
 static void state_timeout(int sig)
 {
@@ -538,35 +478,6 @@ static char *state_bundle(void)
     return found;
 }
 
-/* Is the occurrence at p of NVIDIA_VISIBLE_DEVICES an env entry that asks for nothing? */
-static int is_void_entry(const char *spec, const char *p, const char *end)
-{
-    static const char name[] = "NVIDIA_VISIBLE_DEVICES=";
-    size_t n = sizeof name - 1;
-    if (p == spec || p[-1] != '"' || (size_t)(end - p) < n + 1 || memcmp(p, name, n) != 0)
-        return 0;
-    p += n;
-    if (*p == '"')
-        return 1;
-    return (size_t)(end - p) >= 5 && memcmp(p, "void\"", 5) == 0;
-}
-
-static int spec_may_want_gpu(const char *spec, size_t len)
-{
-    const char *end = spec + len;
-    for (const char *const *t = TRIGGERS; *t; t++) {
-        size_t tlen = strlen(*t);
-        int visible = strcmp(*t, "NVIDIA_VISIBLE_DEVICES") == 0;
-        for (const char *p = memmem(spec, len, *t, tlen); p;
-             p = memmem(p + 1, (size_t)(end - p - 1), *t, tlen)) {
-            if (visible && is_void_entry(spec, p, end))
-                continue;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     g_argc = argc;
@@ -596,12 +507,7 @@ int main(int argc, char **argv)
         hand_over();
     /* A relative bundle is relative to where the runtime started us (we have not moved). */
     int bfd = open(bundle, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int fd = bfd < 0 ? -1 : open_regular(bfd, "config.json");
-    if (fd < 0)
-        hand_over();
-    size_t len;
-    char *spec = read_all(fd, MAX_SPEC, &len);
-    if (!spec || len > MAX_SPEC || spec_may_want_gpu(spec, len))
+    if (bfd < 0 || bundle_may_want_gpu(bfd))
         hand_over();
     return 0;
 }

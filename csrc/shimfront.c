@@ -5,8 +5,10 @@
  * kill, delete, ... several times each), and only `create` needs the shim's work: its
  * spec rewrite (libinject/runtime/shim.py). Starting Python for the rest costs ~70-100 ms
  * a call; this front execs the low-level runtime directly instead, with the arguments
- * unchanged, and execs Python (`nvhook runtime ARGS`) only for `create` or when it
- * cannot decide alone:
+ * unchanged, and execs Python (`nvhook runtime ARGS`) only for the `create` of a
+ * container that may want a GPU (csrc/gpuscan.h, the hook front's filter: in every mode
+ * the shim leaves such a spec as it is but for legacy mode's prestart hook, which would
+ * find nothing to do in it) or when it cannot decide alone:
  * - the low-level runtime is the first of NVIDIA's default list (docker-runc, runc, crun)
  *   found on PATH, never this program (as libinject.runtime.shim.find_runtime); a
  *   config.toml that sets `runtimes` or `log-level`, or runc's --debug (both may ask
@@ -26,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpuscan.h"
 #include "pyexec.h"
 
 
@@ -40,6 +43,8 @@ static const char *const VALUED[] = {"--log", "--log-format", "--root", "--criu"
 static const char *const RUNTIMES[] = {"docker-runc", "runc", "crun", NULL};
 /* config keys that change what a pass-through does: Python handles those */
 static const char *const CONF_KEYS[] = {"runtimes", "log-level", NULL};
+/* and for `create`, those that widen what can ask for a GPU */
+static const char *const CREATE_KEYS[] = {"runtimes", "log-level", WIDENING_KEYS, NULL};
 static const char *const PY_MAIN =
     "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; "
     "from nvhook.cli import main; sys.exit(main(['runtime', *sys.argv[1:]]))";
@@ -60,14 +65,17 @@ static const char *flag_name(const char *a, char *buf, size_t size)
     return buf;
 }
 
-/* The runc command (first non-option), as libinject.runtime.shim.parse_args finds it. */
-static const char *command(int argc, char **argv, int *debug)
+/* The runc command (first non-option), as libinject.runtime.shim.parse_args finds it;
+ * *at: its index. */
+static const char *command(int argc, char **argv, int *debug, int *at)
 {
     char name[256];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (a[0] != '-')
+        if (a[0] != '-') {
+            *at = i;
             return a;
+        }
         const char *f = flag_name(a, name, sizeof name);
         if (strcmp(f, "--debug") == 0)
             *debug = 1;
@@ -86,8 +94,8 @@ static void exec_python(int argc, char **argv)
     exec_venv_python(PY_MAIN, argc, argv, environ, 127);
 }
 
-/* Does the config set a key from CONF_KEYS (outside comments)? Unreadable or odd: yes. */
-static int config_needs_python(void)
+/* Does the config set a key from keys (outside comments)? Unreadable or odd: yes. */
+static int config_needs_python(const char *const *keys)
 {
     char buf[PATH_MAX];
     const char *path = getenv("NVHOOK_CONFIG");
@@ -113,7 +121,7 @@ static int config_needs_python(void)
         return 1;
     }
     text[n] = '\0';
-    int hit = conf_names_key(text, CONF_KEYS);
+    int hit = conf_names_key(text, keys);
     free(text);
     return hit;
 }
@@ -147,12 +155,43 @@ static const char *find_runtime(char *buf, size_t size)
     return NULL;
 }
 
+/* `create`'s bundle directory (--bundle/-b, with "=" or as the next argument; default the
+ * cwd), as an fd; -1 if the arguments are anything but plain (Python sorts them out). */
+static int create_bundle(int argc, char **argv, int at)
+{
+    const char *bundle = ".";
+    for (int i = at + 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+        if (strcmp(a, "--bundle") == 0 || strcmp(a, "-b") == 0 || strcmp(a, "-bundle") == 0)
+            v = i + 1 < argc ? argv[++i] : NULL;
+        else if (strncmp(a, "--bundle=", 9) == 0 || strncmp(a, "-bundle=", 8) == 0 ||
+                 strncmp(a, "-b=", 3) == 0)
+            v = strchr(a, '=') + 1;
+        else
+            continue;
+        if (!v || !*v)
+            return -1;
+        bundle = v;
+    }
+    return open(bundle, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
 int main(int argc, char **argv)
 {
-    int debug = 0;
-    const char *cmd = command(argc, argv, &debug);
-    if (!cmd || debug || strcmp(cmd, "create") == 0 || config_needs_python())
+    int debug = 0, at = 0;
+    const char *cmd = command(argc, argv, &debug, &at);
+    if (!cmd || debug)
         exec_python(argc, argv);
+    if (strcmp(cmd, "create") == 0) {
+        /* A container that cannot want a GPU is created as runc would: no Python. */
+        int bfd = config_needs_python(CREATE_KEYS) ? -1 : create_bundle(argc, argv, at);
+        if (bfd < 0 || bundle_may_want_gpu(bfd))
+            exec_python(argc, argv);
+        close(bfd);
+    } else if (config_needs_python(CONF_KEYS)) {
+        exec_python(argc, argv);
+    }
     static char runtime[PATH_MAX];
     if (!find_runtime(runtime, sizeof runtime))
         exec_python(argc, argv); /* Python says which were tried */

@@ -104,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     if hook is not None:
         return _run_guarded(_module(COMMANDS[hook.command][0]).run, hook)
     name = _find_command(argv)
+    if name in COMMANDS:
+        module = _module(COMMANDS[name][0])
+        if getattr(module, "RAW", False):
+            # The runtime shim takes runc's own flags (--root, --log ...) untouched, and
+            # engines run it for every container: no argparse (~7 ms with its re).
+            return _run_guarded(module.run_raw, argv[argv.index(name) + 1:])
     parser = _global_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     if name not in COMMANDS:
@@ -114,11 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         parser.parse_args(argv)  # reports the unknown command and exits 2
         return 2
-    modname, helptext = COMMANDS[name]
-    module = _module(modname)
-    if getattr(module, "RAW", False):
-        # The runtime shim takes runc's own flags (--root, --log ...) untouched.
-        return _run_guarded(module.run_raw, argv[argv.index(name) + 1:])
+    helptext = COMMANDS[name][1]
     module.add_arguments(sub.add_parser(name, help=helptext), name)
     args = parser.parse_args(argv)
     return _run_guarded(module.run, args)

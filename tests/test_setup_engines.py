@@ -411,7 +411,6 @@ def dockerd(engine_dir, a100_host, capsys):
         d.stop()
 
 
-@pytest.mark.skipif(not os.access(DOCKERD, os.X_OK), reason="no dockerd (apt-get install docker.io)")
 def test_docker_runtime_nvidia_sees_only_gpu_1(dockerd, gpu_uuids):
     """`docker run --runtime=nvidia`: dockerd runs the shim named in daemon.json."""
     from support.engines_daemons import uuids_seen
@@ -420,7 +419,6 @@ def test_docker_runtime_nvidia_sees_only_gpu_1(dockerd, gpu_uuids):
     assert uuids_seen(r.stdout.decode()) == [gpu_uuids[1]], r.stdout + r.stderr
 
 
-@pytest.mark.skipif(not os.access(DOCKERD, os.X_OK), reason="no dockerd (apt-get install docker.io)")
 def test_docker_gpus_flag_sees_only_gpu_1(dockerd, gpu_uuids):
     """`docker run --gpus device=1` (default runtime runc): dockerd's hook is the
     nvidia-container-runtime-hook link nvhook made."""

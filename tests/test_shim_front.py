@@ -17,11 +17,12 @@ RUNC = shutil.which("runc") or "/usr/sbin/runc"
 STRACE = shutil.which("strace") or "/usr/bin/strace"
 
 
-def _execs(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _execs(tmp_path: Path, argv: list[str], env: dict[str, str],
+           cwd: Path | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run argv under strace; (its result, the programs it exec'd, in order)."""
     log = tmp_path / "strace.log"
     r = subprocess.run([STRACE, "-f", "-qq", "-e", "trace=execve", "-o", str(log), *argv],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=env, timeout=120, cwd=cwd)
     progs = re.findall(r'execve\("([^"]+)", .*\) = 0', log.read_text())
     return r, progs
 
@@ -61,7 +62,7 @@ def test_create_and_undecidable_cases_go_to_python(tmp_path, env):
     _fake_runtime(tmp_path / "bin", "runc")
     python = str(REPO / ".venv/bin/python")
     for argv in (["--root", "/r", "create", "--bundle", str(tmp_path / "nope"), "cid"],
-                 ["--debug", "state", "cid"], ["--version"]):
+                 ["--debug", "state", "cid"], ["--version"]):     # (no config.json: Python says so)
         _, progs = _execs(tmp_path, [SHIM, *argv], env)
         assert progs[:2] == [SHIM, python], argv
     # a config naming its own runtimes (or a log level) is Python's to read
@@ -75,6 +76,45 @@ def test_create_and_undecidable_cases_go_to_python(tmp_path, env):
     (conf / "config.toml").write_text('#runtimes = ["crun"]\n[nvidia-container-runtime]\nmode = "cdi"\n')
     _, progs = _execs(tmp_path, [SHIM, "state", "cid"], env)
     assert progs == [SHIM, str(tmp_path / "bin/runc")]
+
+
+def _bundle(tmp_path: Path, env_entries: list[str], annotations: dict | None = None) -> Path:
+    import json
+
+    b = tmp_path / f"bundle{len(list(tmp_path.glob('bundle*')))}"
+    b.mkdir()
+    spec = {"ociVersion": "1.0.2", "process": {"args": ["true"], "env": ["PATH=/bin", *env_entries]},
+            "root": {"path": "rootfs"}}
+    if annotations:
+        spec["annotations"] = annotations
+    (b / "config.json").write_text(json.dumps(spec))
+    return b
+
+
+def test_create_of_a_container_that_wants_no_gpu_skips_python(tmp_path, env):
+    """`create` (Docker and containerd call it once per container, GPU or not): a spec
+    without any GPU trigger goes to the runtime as runc would get it, as the hook front
+    decides (csrc/gpuscan.h); any trigger still goes to Python."""
+    fake = _fake_runtime(tmp_path / "bin", "runc")
+    python = str(REPO / ".venv/bin/python")
+    none = _bundle(tmp_path, ["HOME=/root", "NVIDIA_VISIBLE_DEVICES=void"])
+    for argv in (["create", "--bundle", str(none), "cid"], ["--root", "/r", "create", "-b", str(none), "cid"],
+                 ["create", f"--bundle={none}", "--pid-file", "/p", "cid"]):
+        r, progs = _execs(tmp_path, [SHIM, *argv], env)
+        assert progs == [SHIM, str(fake)], argv
+        assert r.stdout == f"{fake} {' '.join(argv)}\n"
+    _, progs = _execs(tmp_path, [SHIM, "create", "cid"], env, cwd=none)     # no --bundle: the cwd
+    assert progs == [SHIM, str(fake)]
+    for gpu in (_bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"]), _bundle(tmp_path, ["CUDA_VERSION=12.4"]),
+                _bundle(tmp_path, [], {"cdi.k8s.io/x": "nvidia.com/gpu=0"})):
+        _, progs = _execs(tmp_path, [SHIM, "create", "--bundle", str(gpu), "cid"], env)
+        assert progs[:2] == [SHIM, python], gpu
+    # a config that lets other variables ask for GPUs: every create is Python's
+    conf = tmp_path / "nvidia-container-runtime"
+    conf.mkdir()
+    (conf / "config.toml").write_text('swarm-resource = "DOCKER_RESOURCE_GPU"\n')
+    _, progs = _execs(tmp_path, [SHIM, "create", "--bundle", str(none), "cid"], env)
+    assert progs[:2] == [SHIM, python]
 
 
 def test_never_execs_itself(tmp_path, env):

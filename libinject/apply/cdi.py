@@ -22,10 +22,8 @@ in the class -> 0.6.0; intelRdt/additionalGids -> 0.7.0; netDevices -> 1.1.0.
 """
 from __future__ import annotations
 
-import json
 import os
 import posixpath
-import shutil
 import sys
 
 from libinject.constants import SAFE_PATH
@@ -68,6 +66,8 @@ def default_hook_path() -> str:
     cand = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "nvhook-hook")
     if os.access(cand, os.X_OK):
         return cand
+    import shutil
+
     found = shutil.which("nvhook-hook")
     if found:
         return os.path.abspath(found)
@@ -361,6 +361,8 @@ def is_qualified(name: str) -> bool:
 
 def dump(spec: dict[str, Any], fmt: str = "json") -> str:
     if fmt == "json":
+        import json     # (the runtime shim's `create` imports this module: json only here)
+
         return json.dumps(spec, indent=2) + "\n"
     if fmt == "yaml":
         import yaml
