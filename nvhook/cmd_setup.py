@@ -5,6 +5,7 @@
     nvhook setup containerd [--config FILE] [--set-as-default] [--cdi] [--dry-run] [--undo]
     nvhook setup crio [--config FILE] [--set-as-default] [--dry-run] [--undo]
     nvhook [--config C] [--root R] setup podman [--config FILE] [--dry-run] [--undo]
+    nvhook [--config C] [--root R] setup auto [--dry-run] [--json] [--undo] [--containerd-config FILE] ...
 
 The work is libinject.setup's (one module per target, the shared install / backup /
 undo / diff mechanics in libinject.setup.install); this module is argparse and output.
@@ -149,6 +150,47 @@ def _podman(args: argparse.Namespace) -> str:
                         ldcache=args.ldcache, user=args.user, dry_run=args.dry_run, undo=args.undo)
 
 
+def _auto_arguments(p: argparse.ArgumentParser) -> None:
+    from libinject.apply.cdi_refresh import DEFAULT_OUTPUT
+    from libinject.setup import containerd, crio, docker
+    from libinject.setup.auto import HOOKS_DIR
+
+    _common(p)
+    p.add_argument("--json", action="store_true",
+                   help="print what was found and decided (and the changes) as JSON")
+    p.add_argument("--containerd-config", metavar="FILE", default=containerd.CONFIG,
+                   help=f"containerd's config.toml (default {containerd.CONFIG})")
+    p.add_argument("--containerd-bin", metavar="PATH", help="containerd (default: on PATH)")
+    p.add_argument("--crio-drop-in", metavar="FILE", default=crio.DROP_IN,
+                   help=f"the CRI-O drop-in to write (default {crio.DROP_IN})")
+    p.add_argument("--crio-config", metavar="FILE",
+                   help="crio.conf that `crio config` reads (default: CRI-O's own)")
+    p.add_argument("--crio-bin", metavar="PATH", help="crio (default: on PATH)")
+    p.add_argument("--hooks-dir", metavar="DIR", default=HOOKS_DIR,
+                   help=f"CRI-O's hooks.d, for CRI-O without CDI (default {HOOKS_DIR})")
+    p.add_argument("--docker-config", metavar="FILE", default=docker.DAEMON_JSON,
+                   help=f"dockerd's daemon.json (default {docker.DAEMON_JSON})")
+    p.add_argument("--docker-hook-dir", metavar="DIR", default=docker.HOOK_DIR,
+                   help=f"where `docker run --gpus`'s hook is linked (default {docker.HOOK_DIR})")
+    p.add_argument("--dockerd-bin", metavar="PATH", help="dockerd (default: on PATH)")
+    p.add_argument("--docker-bin", metavar="PATH", help="docker, for `docker info` (default: on PATH)")
+    p.add_argument("--cdi-spec", metavar="FILE", default=DEFAULT_OUTPUT,
+                   help=f"the CDI spec to write when an engine will apply CDI (default {DEFAULT_OUTPUT}, "
+                        "the one `nvhook cdi refresh` keeps current)")
+
+
+def _auto(args: argparse.Namespace) -> str:
+    from libinject.setup import auto
+
+    paths = auto.Paths(containerd_config=args.containerd_config, containerd_bin=args.containerd_bin,
+                       crio_drop_in=args.crio_drop_in, crio_config=args.crio_config,
+                       crio_bin=args.crio_bin, docker_config=args.docker_config,
+                       docker_hook_dir=args.docker_hook_dir, dockerd_bin=args.dockerd_bin,
+                       docker_bin=args.docker_bin, hooks_dir=args.hooks_dir, cdi_spec=args.cdi_spec)
+    return auto.setup(paths, config=args.config, root=args.root, ldcache=args.ldcache, user=args.user,
+                      dry_run=args.dry_run, undo_=args.undo, as_json=args.json)
+
+
 # target -> (help, add its arguments, run it: the text to show)
 TARGETS = {
     "service": ("install the systemd unit that runs `nvhook serve` (the warm hook service) "
@@ -161,4 +203,7 @@ TARGETS = {
              _crio_arguments, _crio),
     "podman": ("write the CDI spec podman (and CRI-O, containerd, Docker with CDI on) "
                "applies; no runtime change", _podman_arguments, _podman),
+    "auto": ("detect the engines here and their CDI support, then set each up to match "
+             "(native CDI, or nvhook's runtime in cdi mode, or the hooks.d hook); not the "
+             "systemd unit", _auto_arguments, _auto),
 }

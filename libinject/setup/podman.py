@@ -17,12 +17,13 @@ SPEC = "/etc/cdi/nvidia.yaml"
 
 
 def spec_text(path: str, *, config: str | None = None, root: str | None = None,
-              ldcache: str | None = None, user: str | None = None) -> bytes:
-    """The CDI spec of this host's GPUs, as `nvhook [--config C] cdi generate -o path`."""
+              ldcache: str | None = None, user: str | None = None, loaded=None) -> bytes:
+    """The CDI spec of this host's GPUs, as `nvhook [--config C] cdi generate -o path`
+    (loaded: the Config to use instead of reading `config`, which the hooks still name)."""
     from libinject import config as _config
     from libinject.apply import cdi
 
-    cfg = _config.load(config)
+    cfg = loaded if loaded is not None else _config.load(config)
     options = cfg.discover_options(root=root, ldcache=ldcache, user=user)
     hook = cdi.HookOptions(path=venv_program("nvhook-hook"),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig", config=os.path.abspath(config) if config else "")
