@@ -155,24 +155,39 @@ static const char *find_runtime(char *buf, size_t size)
     return NULL;
 }
 
-/* `create`'s bundle directory (--bundle/-b, with "=" or as the next argument; default the
- * cwd), as an fd; -1 if the arguments are anything but plain (Python sorts them out). */
+/* runc create's options that take a value (libinject/runtime/shim.py _CREATE_VALUED) */
+static const char *const CREATE_VALUED[] = {"--bundle", "--console-socket", "--pid-file",
+                                            "--preserve-fds", NULL};
+
+/* `create`'s bundle directory, parsed as runc's flag package does (-x, --x, -x=v, --x=v;
+ * "-b" and "--b" are --bundle; the values of valued options skipped; "--" ends options),
+ * as an fd; default the cwd; -1 if anything is odd (Python sorts it out). */
 static int create_bundle(int argc, char **argv, int at)
 {
     const char *bundle = ".";
+    char name[256];
     for (int i = at + 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = NULL;
-        if (strcmp(a, "--bundle") == 0 || strcmp(a, "-b") == 0 || strcmp(a, "-bundle") == 0)
-            v = i + 1 < argc ? argv[++i] : NULL;
-        else if (strncmp(a, "--bundle=", 9) == 0 || strncmp(a, "-bundle=", 8) == 0 ||
-                 strncmp(a, "-b=", 3) == 0)
-            v = strchr(a, '=') + 1;
-        else
+        if (strcmp(a, "--") == 0 || a[0] != '-')
+            break;              /* the container id: options end there */
+        const char *f = flag_name(a, name, sizeof name);
+        if (strcmp(f, "-b") == 0 || strcmp(f, "--b") == 0)
+            f = "--bundle";
+        const char *eq = strchr(a, '=');
+        int valued = 0;
+        for (const char *const *v = CREATE_VALUED; *v; v++)
+            if (strcmp(f, *v) == 0)
+                valued = 1;
+        if (!valued)
             continue;
-        if (!v || !*v)
+        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!v)
             return -1;
-        bundle = v;
+        if (strcmp(f, "--bundle") == 0) {
+            if (!*v)
+                return -1;
+            bundle = v;
+        }
     }
     return open(bundle, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }

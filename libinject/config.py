@@ -25,7 +25,7 @@ import math
 import os
 import sys
 
-from libinject.constants import ALL_CAPABILITIES, CONFIG_CACHE_DIR, SERVE_SOCKET
+from libinject.constants import ALL_CAPABILITIES, SERVE_SOCKET
 from libinject.errors import NvhookError
 from libinject.record import field, fields, is_record, record, replace
 
@@ -39,11 +39,10 @@ SECONDS_KEYS = frozenset({"nvhook.nvml-timeout", "nvhook.serve-timeout"})
 MAX_KEY_DOTS = 32
 _TOML_TOKEN = r'"(?:[^"\\\n]|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+|[^"\'#]++'
 _TOML_KEY_RUN = r'[A-Za-z0-9_\-" \t.]+'
-# Parsed tables by the BLAKE2b of the file's bytes. A node's config is the same bytes on
-# every container start, and parsing it (tomllib, with the re and datetime it imports)
-# costs the exec'd hook ~7 ms: the hook (trusted loads, as root) keeps the tables it
-# parsed in CONFIG_CACHE_DIR, a root-only directory; served hooks keep them in memory.
-# Keyed by content, a table can never be stale; the file's own checks run every time.
+# Parsed tables by the BLAKE2b of the file's bytes, in memory: the hook service parses a
+# node's config once (keyed by content, a table is never stale; the file's own checks run
+# on every load). Not on disk: a root process that can write the host's /run (a
+# container given it as a volume) could then hand every exec'd hook a config of its own.
 _TABLES: dict[bytes, dict] = {}
 _MAX_TABLES = 16
 
@@ -202,7 +201,7 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
         if required:
             raise NvhookError(f"config file {path} not found")
         return Config()
-    return parse(data, path, cache_dir=CONFIG_CACHE_DIR if trusted and os.geteuid() == 0 else None)
+    return parse(data, path)
 
 
 def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
@@ -239,9 +238,9 @@ def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
         d = os.path.dirname(d)
 
 
-def parse(data: bytes | str, source: str = "<config>", *, cache_dir: str | None = None) -> Config:
+def parse(data: bytes | str, source: str = "<config>") -> Config:
     """The Config that TOML text data holds (source: where it came from, for errors and
-    relative paths). cache_dir: a root-only directory of tables parsed before."""
+    relative paths)."""
     raw = data if isinstance(data, bytes) else data.encode(errors="surrogatepass")
     try:
         from _blake2 import blake2b     # hashlib would load OpenSSL first (~2.5 ms)
@@ -249,12 +248,8 @@ def parse(data: bytes | str, source: str = "<config>", *, cache_dir: str | None 
         from hashlib import blake2b
     key = blake2b(raw, digest_size=20).digest()
     table = _TABLES.get(key)
-    if table is None and cache_dir:
-        table = _cached_table(cache_dir, key.hex())
     if table is None:
         table = _parse_toml(raw, source)
-        if cache_dir:
-            _cache_table(cache_dir, key.hex(), table)
     if len(_TABLES) >= _MAX_TABLES:
         _TABLES.clear()
     _TABLES[key] = table
@@ -280,74 +275,6 @@ def _parse_toml(raw: bytes, source: str) -> dict:
         raise NvhookError(f"{source}: invalid TOML: nested too deeply") from None
     except ValueError as e:  # tomllib's int() of a number with thousands of digits
         raise NvhookError(f"{source}: invalid TOML: {_show(str(e))}") from None
-
-
-def _root_only(st: os.stat_result) -> bool:
-    return st.st_uid == 0 and not st.st_mode & 0o022
-
-
-def _cached_table(directory: str, name: str) -> dict | None:
-    """The table cached as `name` in directory, or None (absent, or anything about the
-    directory or the file that root alone could not have made)."""
-    import marshal
-    import stat
-
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not _root_only(os.fstat(dfd)):
-            return None
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or not _root_only(st) or st.st_size > 4 * MAX_CONFIG_BYTES:
-                return None
-            data = os.read(fd, st.st_size + 1)
-        finally:
-            os.close(fd)
-        table = marshal.loads(data)
-        return table if isinstance(table, dict) else None
-    except (OSError, ValueError, EOFError, TypeError):
-        return None
-    finally:
-        os.close(dfd)
-
-
-def _cache_table(directory: str, name: str, table: dict) -> None:
-    """Keep table as `name` in directory (made root-only); silently not, if it cannot
-    be (a table marshal cannot hold: TOML dates)."""
-    import marshal
-
-    from libinject.linux.atomic import open_dir, write_at
-
-    try:
-        data = marshal.dumps(table)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        dfd = open_dir(directory)
-    except (OSError, ValueError):
-        return
-    try:
-        if _root_only(os.fstat(dfd)):
-            write_at(dfd, name, data, 0o600)
-            _prune_tables(dfd, keep=name)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
-def _prune_tables(dfd: int, keep: str) -> None:
-    """At most _MAX_TABLES files: a config edited often leaves old tables behind."""
-    names = [n for n in os.listdir(dfd) if n != keep and not n.startswith(".")]
-    if len(names) < _MAX_TABLES:
-        return
-    for n in names:
-        try:
-            os.unlink(n, dir_fd=dfd)
-        except OSError:
-            pass
 
 
 def _deep_key(text: str) -> bool:

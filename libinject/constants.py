@@ -30,5 +30,3 @@ SERVE_SOCKET = "/run/nvhook/hook.sock"
 
 # Where discovery snapshots live unless [nvhook] snapshot-dir says otherwise.
 SNAPSHOT_DIR = "/run/nvhook/snapshots"
-# Parsed config.toml tables the hook keeps (libinject.config).
-CONFIG_CACHE_DIR = "/run/nvhook/config"

@@ -1,7 +1,8 @@
-"""The hook's parsed-config cache (libinject.config): a trusted load as root keeps the
-TOML table it parsed in a root-only directory, keyed by the file's bytes, so the next
-hook process builds its Config without tomllib; nothing in a directory or file that
-another user could have written is believed."""
+"""The parsed-config cache (libinject.config): in memory only, keyed by the BLAKE2b of
+the file's bytes, so the hook service parses a node's config once and never serves a
+stale one; nothing on disk is ever read in place of the file (a root process that can
+write the host's /run, e.g. a container given it as a volume, must not be able to hand
+exec'd hooks a config of its own)."""
 from __future__ import annotations
 
 import os
@@ -14,22 +15,6 @@ from libinject import config
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = '[nvidia-container-cli]\nroot = "/driver"\n[nvhook]\nnvml-timeout = 7\n'
 
-# A hook's load in a fresh process (as the exec'd hook): prints root, nvml-timeout and
-# whether tomllib was imported.
-LOAD = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from libinject import config
-config.CONFIG_CACHE_DIR = sys.argv[2]
-cfg = config.load(sys.argv[3], {}, trusted=True)
-print(cfg.cli.root, cfg.nvhook.nvml_timeout, "tomllib" in sys.modules)
-"""
-
-
-def _load(cache: Path, cfg: Path) -> str:
-    return subprocess.run([sys.executable, "-I", "-S", "-c", LOAD, str(REPO), str(cache), str(cfg)],
-                          capture_output=True, text=True, check=True).stdout.strip()
-
 
 def _config(tmp_path: Path, text: str = CONFIG) -> Path:
     d = tmp_path / "etc"
@@ -41,75 +26,65 @@ def _config(tmp_path: Path, text: str = CONFIG) -> Path:
     return p
 
 
-def test_second_hook_process_parses_no_toml(tmp_path):
-    cfg, cache = _config(tmp_path), tmp_path / "run/nvhook/config"
-    assert _load(cache, cfg) == "/driver 7.0 True"
-    assert oct(cache.stat().st_mode & 0o777) == "0o700"
-    assert len(list(cache.iterdir())) == 1
-    assert _load(cache, cfg) == "/driver 7.0 False"
+def test_second_load_parses_no_toml(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    first = config.load(str(cfg), {}, trusted=True)
+    import tomllib
+
+    def refuse(*a, **k):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(tomllib, "loads", refuse)
+    again = config.load(str(cfg), {}, trusted=True)
+    assert (again.cli.root, again.nvhook.nvml_timeout) == (first.cli.root, first.nvhook.nvml_timeout) \
+        == ("/driver", 7.0)
 
 
 def test_changed_file_is_read_again(tmp_path):
-    cfg, cache = _config(tmp_path), tmp_path / "cache"
-    _load(cache, cfg)
+    cfg = _config(tmp_path)
+    assert config.load(str(cfg), {}, trusted=True).cli.root == "/driver"
     cfg.write_text(CONFIG.replace("/driver", "/other"))
-    assert _load(cache, cfg) == "/other 7.0 True"
-    assert _load(cache, cfg) == "/other 7.0 False"
-
-
-def _plant(cache: Path, cfg: Path) -> Path:
-    """The cache entry for cfg's bytes, rewritten to say root = /evil."""
-    _load(cache, cfg)
-    [entry] = [p for p in cache.iterdir() if not p.name.startswith(".")]
-    import marshal
-
-    table = marshal.loads(entry.read_bytes())
-    table["nvidia-container-cli"]["root"] = "/evil"
-    entry.write_bytes(marshal.dumps(table))
-    return entry
-
-
-def test_entry_another_user_owns_is_not_believed(tmp_path):
-    cfg, cache = _config(tmp_path), tmp_path / "cache"
-    entry = _plant(cache, cfg)
-    os.chown(entry, 65534, 65534)
-    assert _load(cache, cfg) == "/driver 7.0 True"
-
-
-def test_directory_others_can_write_is_not_believed(tmp_path):
-    cfg, cache = _config(tmp_path), tmp_path / "cache"
-    _plant(cache, cfg)
-    cache.chmod(0o777)
-    assert _load(cache, cfg) == "/driver 7.0 True"
-    cache.chmod(0o700)
-    assert _load(cache, cfg) == "/evil 7.0 False"     # the control: the same entry, believed
-
-
-def test_symlinked_directory_is_not_followed(tmp_path):
-    cfg, real = _config(tmp_path), tmp_path / "real"
-    _plant(real, cfg)
-    link = tmp_path / "cache"
-    link.symlink_to(real)
-    assert _load(link, cfg) == "/driver 7.0 True"
-
-
-def test_untrusted_loads_use_no_directory(tmp_path, monkeypatch):
-    cfg, cache = _config(tmp_path), tmp_path / "cache"
-    monkeypatch.setattr(config, "CONFIG_CACHE_DIR", str(cache))
-    assert config.load(str(cfg), {}).cli.root == "/driver"
-    assert not cache.exists()
-
-
-def test_dates_are_parsed_every_time(tmp_path):
-    cfg, cache = _config(tmp_path, CONFIG + "[other]\nwhen = 2026-11-22T10:00:00Z\n"), tmp_path / "cache"
-    assert _load(cache, cfg) == "/driver 7.0 True"
-    assert not cache.exists()
-    assert _load(cache, cfg) == "/driver 7.0 True"
+    assert config.load(str(cfg), {}, trusted=True).cli.root == "/other"
 
 
 def test_bad_config_is_refused_every_time(tmp_path):
-    cfg, cache = _config(tmp_path, '[nvhook]\nnvml-timeout = "x"\n'), tmp_path / "cache"
+    import pytest
+
+    from libinject.errors import NvhookError
+
+    cfg = _config(tmp_path, '[nvhook]\nnvml-timeout = "x"\n')
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", LOAD, str(REPO), str(cache), str(cfg)],
-                           capture_output=True, text=True)
-        assert r.returncode == 1 and "nvml-timeout: expected a number" in r.stderr
+        with pytest.raises(NvhookError, match="nvml-timeout: expected a number"):
+            config.load(str(cfg), {}, trusted=True)
+
+
+def test_a_table_planted_in_run_is_never_read(tmp_path):
+    """The attack on an on-disk cache: a root-owned, root-only entry under /run/nvhook
+    named after the config's digest, saying root = /evil. A fresh hook process (as the
+    exec'd hook) reads the file, not the plant, and writes nothing under /run/nvhook."""
+    import marshal
+
+    cfg = _config(tmp_path)
+    try:
+        from _blake2 import blake2b
+    except ImportError:  # pragma: no cover
+        from hashlib import blake2b
+    name = blake2b(cfg.read_bytes(), digest_size=20).hexdigest()
+    plant_dir = Path("/run/nvhook/config")
+    made = not plant_dir.exists()
+    plant_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    plant = plant_dir / name
+    plant.write_bytes(marshal.dumps({"nvidia-container-cli": {"root": "/evil"}}))
+    plant.chmod(0o600)
+    before = sorted(os.listdir(plant_dir))
+    try:
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from libinject import config; "
+                "print(config.load(sys.argv[2], {}, trusted=True).cli.root)")
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO), str(cfg)],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "/driver"
+        assert sorted(os.listdir(plant_dir)) == before
+    finally:
+        plant.unlink()
+        if made:
+            plant_dir.rmdir()

@@ -419,3 +419,17 @@ def test_merge_rolls_back(tmp_path):
         r.close()
     after = ((img / "etc/ld.so.cache").read_bytes(), folder_links(img, (lib, lib32)))
     assert (how, changed, left, after) == ("merged", True, [], before)
+
+
+def test_a_cache_naming_too_many_directories_is_not_merged():
+    """A hostile cache naming 600k directories would cost one openat2 each (seconds of
+    its container's start, with no deadline in-process): past MAX_DIRS the merge gives up
+    (and the sandboxed ldconfig, which has one, runs instead)."""
+    from types import SimpleNamespace
+
+    from libinject.apply import ldcache_merge as m
+
+    n = m.MAX_DIRS + 1
+    fake = SimpleNamespace(paths=[b"/d%d/libx.so.1" % i for i in range(n)], hwcap=[0] * n)
+    with pytest.raises(m.Unsupported, match=f"names {n} directories"):
+        m._ranks(None, fake, [], [])

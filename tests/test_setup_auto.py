@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from libinject.setup.auto import HOOK, NATIVE, RUNTIME, Facts, decide
+from support.cli import nvhook_in_process as nvhook, tree_state
 
 CTRD_16 = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n"
 CTRD_17 = "containerd github.com/containerd/containerd v1.7.13 7c3aca7a610df76212171d200ca3811ff6096eb8\n"
@@ -122,20 +122,7 @@ class Node:
         self.argv[self.argv.index(opt) + 1] = path
 
     def snapshot(self) -> dict[str, tuple]:
-        out = {}
-        for p in sorted(self.top.rglob("*")):
-            st = p.lstat()
-            body = os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
-            out[str(p)] = (body, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-        return out
-
-
-def nvhook(capsys, *args: str) -> tuple[int, str, str]:
-    from nvhook import cli
-
-    code = cli.main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+        return tree_state(self.top)
 
 
 SEVERAL = dict(containerd=(CTRD_17, V2_CDI_OFF), crio=(CRIO_120, CRIO_CONF_OLD),

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from support.cli import nvhook_in_process as nvhook, tree_state
 from support.shimenv import SHIM
 
 FRONT = str(Path(SHIM).with_name("nvhook-hook"))
@@ -138,21 +138,7 @@ class Node:
 
     def snapshot(self) -> dict[str, tuple]:
         """Every entry under the engine's dir and the hook dir: bytes or link, mode, owner."""
-        out = {}
-        for base in (self.top, self.bin):
-            for p in sorted(base.rglob("*")):
-                st = p.lstat()
-                body = os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
-                out[str(p)] = (body, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-        return out
-
-
-def nvhook(capsys, *args: str) -> tuple[int, str, str]:
-    from nvhook import cli
-
-    code = cli.main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+        return tree_state(self.top, self.bin)
 
 
 @pytest.fixture
@@ -448,3 +434,30 @@ def test_podman_applies_the_cdi_spec_nvhook_wrote(tmp_path, a100_host, gpu_uuids
         finally:
             p.cleanup()
     assert uuids_seen(r.stdout) == [gpu_uuids[1]], r.stdout + r.stderr
+
+
+def test_programs_a_user_could_replace_are_never_configured(tmp_path):
+    """Engines (and systemd) run the shim and the hook as root on every container: a
+    front in a venv a user owns, or in a directory others can write, is refused."""
+    from libinject.errors import NvhookError
+    from libinject.setup.install import trusted_program
+
+    d = tmp_path / "venv/bin"
+    d.mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(tmp_path / "venv", 0o755)
+    prog = d / "nvhook-runtime"
+    prog.write_text("#!/bin/sh\n")
+    prog.chmod(0o755)
+    trusted_program(str(prog))                      # root's, 0755 all the way: fine
+    os.chown(prog, 65534, 65534)
+    with pytest.raises(NvhookError, match="must be owned by root"):
+        trusted_program(str(prog))
+    os.chown(prog, 0, 0)
+    d.chmod(0o777)
+    with pytest.raises(NvhookError, match=f"directory {d} "):
+        trusted_program(str(prog))
+    d.chmod(0o755)
+    os.chown(tmp_path / "venv", 65534, 65534)
+    with pytest.raises(NvhookError, match="directory .*venv "):
+        trusted_program(str(prog))

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import time
@@ -22,7 +21,7 @@ import pytest
 from conftest import NVHOOK, REPO, run
 from libinject.constants import SAFE_PATH
 from support import hookenv, serve_client
-from support.cli import one_error
+from support.cli import one_error, tree_state
 
 UNIT = "nvhook-serve.service"
 TEMPLATE = REPO / "contrib" / UNIT
@@ -37,12 +36,7 @@ def setup(*args: str, config: str | None = None) -> subprocess.CompletedProcess:
 
 def snapshot(d: Path) -> dict[str, tuple]:
     """Every entry of d: its bytes (or link target), mode and owner."""
-    out = {}
-    for p in sorted(d.iterdir()):
-        st = p.lstat()
-        body = os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
-        out[p.name] = (body, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-    return out
+    return tree_state(d, deep=False)
 
 
 @pytest.fixture

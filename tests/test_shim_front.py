@@ -99,7 +99,8 @@ def test_create_of_a_container_that_wants_no_gpu_skips_python(tmp_path, env):
     python = str(REPO / ".venv/bin/python")
     none = _bundle(tmp_path, ["HOME=/root", "NVIDIA_VISIBLE_DEVICES=void"])
     for argv in (["create", "--bundle", str(none), "cid"], ["--root", "/r", "create", "-b", str(none), "cid"],
-                 ["create", f"--bundle={none}", "--pid-file", "/p", "cid"]):
+                 ["create", f"--bundle={none}", "--pid-file", "/p", "cid"], ["create", f"--b={none}", "cid"],
+                 ["create", "--pid-file", "--bundle", "-bundle", str(none), "cid"]):
         r, progs = _execs(tmp_path, [SHIM, *argv], env)
         assert progs == [SHIM, str(fake)], argv
         assert r.stdout == f"{fake} {' '.join(argv)}\n"
@@ -108,6 +109,9 @@ def test_create_of_a_container_that_wants_no_gpu_skips_python(tmp_path, env):
     for gpu in (_bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"]), _bundle(tmp_path, ["CUDA_VERSION=12.4"]),
                 _bundle(tmp_path, [], {"cdi.k8s.io/x": "nvidia.com/gpu=0"})):
         _, progs = _execs(tmp_path, [SHIM, "create", "--bundle", str(gpu), "cid"], env)
+        assert progs[:2] == [SHIM, python], gpu
+        # the bundle as runc's flag parsing finds it, however spelled (not the cwd's)
+        _, progs = _execs(tmp_path, [SHIM, "create", f"--b={gpu}", "cid"], env, cwd=none)
         assert progs[:2] == [SHIM, python], gpu
     # a config that lets other variables ask for GPUs: every create is Python's
     conf = tmp_path / "nvidia-container-runtime"

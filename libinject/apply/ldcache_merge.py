@@ -123,6 +123,9 @@ _HWCAP_DIRS = frozenset({"glibc-hwcaps", "tls", "x86_64", "avx512_1", "i386", "i
 last_fallback: str | None = None     # why the last ldconfig.update() ran ldconfig (tests, debugging)
 
 
+MAX_DIRS = 4096     # directories an image's cache may name (real ones: a few dozen)
+
+
 class Unsupported(Exception):
     """The merge does not cover this image: run ldconfig (the text says why)."""
 
@@ -589,8 +592,11 @@ def _ranks(root: RootFS, c: Cache, ids: list, fpaths: list[bytes]) -> tuple[list
         if hw:      # <dir>/glibc-hwcaps/<subdirectory>/<file>
             parts = c.paths[i].rsplit(b"/", 3)
             bases[i] = parts[0] if len(parts) == 4 and parts[1] == b"glibc-hwcaps" else b"?"
+    distinct = set(bases)
+    if len(distinct) > MAX_DIRS:    # one openat2 each: a hostile cache must not cost seconds
+        raise Unsupported(f"the cache names {len(distinct)} directories")
     rank: dict[bytes, int] = {}
-    for b in set(bases):
+    for b in distinct:
         rank[b] = rank_of.get(_ident(root, os.fsdecode(b or b"/")), nf) if b[:1] in (b"/", b"") else nf
     ranks = [rank[b] for b in bases]
     moved = {b: fpaths[r] for b, r in rank.items() if r < nf and fpaths[r] != b}

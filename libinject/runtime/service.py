@@ -634,7 +634,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             keep.add(server.log_fd)
         _close_all_but(keep)
         try:
-            data, anc, _flags, _ = sock.recvmsg(4, socket.CMSG_SPACE(3 * 4))
+            data, anc, _flags, _ = sock.recvmsg(4, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
         except OSError:
             return INTERNAL
         fds: list[int] = []
@@ -659,7 +659,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
 
         self.conn.settimeout(RECV_TIMEOUT)
         try:
-            data, anc, flags, _ = self.conn.recvmsg(MAX_REQUEST + 1, socket.CMSG_SPACE(NFDS * 4))
+            data, anc, flags, _ = self.conn.recvmsg(MAX_REQUEST + 1, socket.CMSG_SPACE(NFDS * 4),
+                                                    socket.MSG_CMSG_CLOEXEC)   # nothing we exec gets them
         except OSError as e:
             self.log(f"request from pid {self.peer}: {e}")
             return INTERNAL

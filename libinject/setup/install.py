@@ -312,10 +312,36 @@ def edit_file(target: Target, edit: Callable[[bytes | None], bytes], *, dry_run:
 
 def venv_program(name: str, check: bool = True) -> str:
     """This install's program `name` beside the venv's python (`make venv` builds the
-    compiled fronts nvhook-hook and nvhook-runtime there); check: that it is there."""
+    compiled fronts nvhook-hook and nvhook-runtime there); check: that it is there and
+    only root could have put it there (trusted_program)."""
     import sys
 
     path = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
     if check and not os.access(path, os.X_OK):
         raise NvhookError(f"no {name} at {path} (`make venv` builds it)")
+    if check:
+        trusted_program(path)
     return path
+
+
+def trusted_program(path: str) -> None:
+    """Refuse to point an engine (or systemd) at `path` unless the file and every
+    directory above it are root's and writable by nobody else (a sticky directory may
+    be): root runs it on every container start, and a venv a user can write would be
+    that user's root."""
+    import stat
+
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise NvhookError(f"{real} must be owned by root and writable by nobody else: root "
+                          "would run it for every container")
+    d = os.path.dirname(real)
+    while True:
+        dst = os.stat(d)
+        if dst.st_uid != 0 or (dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not dst.st_mode & stat.S_ISVTX):
+            raise NvhookError(f"directory {d} (above {real}) must be owned by root and writable "
+                              "by nobody else: root would run what is in it for every container")
+        if d == "/":
+            return
+        d = os.path.dirname(d)

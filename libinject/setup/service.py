@@ -170,9 +170,12 @@ def _undo(target: Target, dry_run: bool, no_start: bool, systemd: Systemd) -> st
 def front() -> str:
     from libinject.runtime.hooksd import default_hook_path
 
+    from libinject.setup.install import trusted_program
+
     path = default_hook_path()
     if not os.access(path, os.X_OK):
         raise NvhookError(f"no hook front at {path} (`make venv` builds it)")
+    trusted_program(path)
     return path
 
 

@@ -42,3 +42,27 @@ def one_error(r: subprocess.CompletedProcess, *expected: str,
     for e in expected:
         assert e in line, line
     return line
+
+
+def nvhook_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """`nvhook ARGS` through nvhook.cli.main in this process: (exit code, stdout, stderr)."""
+    from nvhook import cli
+
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def tree_state(*bases: Path, deep: bool = True) -> dict[str, tuple]:
+    """Every entry under bases (deep: all levels; else the top level, keyed by name):
+    its bytes or link target ("dir" for a directory), mode and owner -- what `--undo`
+    must restore exactly."""
+    import stat
+
+    out = {}
+    for base in bases:
+        for p in sorted(base.rglob("*") if deep else base.iterdir()):
+            st = p.lstat()
+            body = os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
+            out[str(p) if deep else p.name] = (body, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+    return out
