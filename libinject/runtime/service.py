@@ -103,7 +103,8 @@ PRELOAD = (
     "libinject.runtime.hook", "libinject.constants", "libinject.linux.child",
     "libinject.discover.decode", "libinject.discover.procfs",
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
-    "libinject.linux.atomic",
+    "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
+    "libinject.apply.ldcache_merge", "_prctl",
 )
 
 
