@@ -275,12 +275,7 @@ class NotifySocket:
 def notified(tmp_path, fresh_sim_host, sockdir):
     """`nvhook-hook --config C serve --socket S`, as the unit runs it, with NOTIFY_SOCKET
     set; the host's NVML takes 1.5 s, so warm-up (before the socket) is slow."""
-    host = fresh_sim_host("t4x1")
-    conf = host / "etc/nvhook-sim/nvml.conf"
-    conf.parent.mkdir(parents=True, exist_ok=True)
-    conf.write_text("delay_ms = 1500\n")
-    cfg = hookenv.write_config(tmp_path / "c.toml", host, extra=f'snapshot-dir = "{tmp_path}/snap"\n')
-    cfg.write_text(cfg.read_text().replace("snapshot = false", "snapshot = true"))
+    cfg = hookenv.slow_warm_config(tmp_path, fresh_sim_host("t4x1"))
     ns = NotifySocket(sockdir / "notify")
     log = tmp_path / "serve.log"
     with open(log, "wb") as err:

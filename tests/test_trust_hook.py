@@ -221,12 +221,7 @@ def test_socket_appears_only_once_warm(tmp_path, fresh_sim_host, sockdir):
     """Bound before warm-up, a service made every front wait for it (or fall back)."""
     from support.serve import Serve
 
-    host = fresh_sim_host("t4x1")
-    conf = host / "etc/nvhook-sim/nvml.conf"
-    conf.parent.mkdir(parents=True, exist_ok=True)
-    conf.write_text("delay_ms = 1500\n")
-    cfg = hookenv.write_config(tmp_path / "c.toml", host, extra=f'snapshot-dir = "{tmp_path}/snap"\n')
-    cfg.write_text(cfg.read_text().replace("snapshot = false", "snapshot = true"))
+    cfg = hookenv.slow_warm_config(tmp_path, fresh_sim_host("t4x1"))
     sock = sockdir / "run/hook.sock"
     s = Serve(cfg, sock)
     try:

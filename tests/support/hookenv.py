@@ -64,6 +64,17 @@ def write_config(path: Path, host: Path, *, log: Path | None = None, extra: str 
     return path
 
 
+
+def slow_warm_config(tmp_path: Path, host: Path, delay_ms: int = 1500) -> Path:
+    """config.toml for host (snapshots on, under tmp_path/snap) with its NVML made
+    delay_ms slow, so a service's warm-up (which comes before its socket) takes that long."""
+    conf = host / "etc/nvhook-sim/nvml.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(f"delay_ms = {delay_ms}\n")
+    cfg = write_config(tmp_path / "c.toml", host, extra=f'snapshot-dir = "{tmp_path}/snap"\n')
+    cfg.write_text(cfg.read_text().replace("snapshot = false", "snapshot = true"))
+    return cfg
+
 def hook_entry(config: Path | str, stage: str = "prestart", env: Sequence[str] = (),
                path: str | None = None, socket: str = "none") -> dict[str, Any]:
     """A hook entry for the front. It never uses a hook service unless `socket` names one:
