@@ -9,7 +9,6 @@ the host's /etc is never touched.
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from pathlib import Path
 
@@ -210,7 +209,6 @@ def test_an_unparseable_engine_file_is_one_error_line_and_nothing_changes(tmp_pa
 CONTAINERD = "/usr/bin/containerd"
 
 
-@pytest.mark.skipif(not os.access(CONTAINERD, os.X_OK), reason="no containerd")
 def test_real_containerd_16_is_set_up_as_default_runtime_in_cdi_mode_and_undone(tmp_path, a100_host, capsys):
     """Facts from the real binary (`containerd --version`, `containerd --config PRIVATE
     config dump` of `containerd config default` with private paths): no enable_cdi, so

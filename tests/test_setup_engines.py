@@ -324,7 +324,6 @@ def engine_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.skipif(not os.access("/usr/bin/containerd", os.X_OK), reason="no containerd")
 def test_containerd_runs_a_gpu_container_through_the_runtime_nvhook_wrote(engine_dir, a100_host,
                                                                           gpu_uuids, capsys):
     """containerd 1.6 started from the config `nvhook setup containerd` edited

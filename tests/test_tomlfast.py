@@ -18,51 +18,9 @@ from test_config import NVIDIA_CTK_DEFAULT, NVIDIA_DEBIAN
 
 REPO = Path(__file__).resolve().parent.parent
 
-# What a node with nvidia-container-toolkit 1.17+ has (`nvidia-ctk config default`, as a
-# public bug report shows it): an empty section, nested sections, arrays.
-NVIDIA_1_17 = """\
-#accept-nvidia-visible-devices-as-volume-mounts = false
-#accept-nvidia-visible-devices-envvar-when-unprivileged = true
-disable-require = false
-supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
-#swarm-resource = "DOCKER_RESOURCE_GPU"
-
-[nvidia-container-cli]
-#debug = "/var/log/nvidia-container-toolkit.log"
-environment = []
-#ldcache = "/etc/ld.so.cache"
-ldconfig = "@/sbin/ldconfig"
-load-kmods = true
-#no-cgroups = false
-#path = "/usr/bin/nvidia-container-cli"
-#root = "/run/nvidia/driver"
-#user = "root:video"
-
-[nvidia-container-runtime]
-#debug = "/var/log/nvidia-container-runtime.log"
-log-level = "info"
-mode = "auto"
-runtimes = ["runc", "crun"]
-
-[nvidia-container-runtime.modes]
-
-[nvidia-container-runtime.modes.cdi]
-annotation-prefixes = ["cdi.k8s.io/"]
-default-kind = "nvidia.com/gpu"
-spec-dirs = ["/etc/cdi", "/var/run/cdi"]
-
-[nvidia-container-runtime.modes.csv]
-mount-spec-path = "/etc/nvidia-container-runtime/host-files-for-container.d"
-
-[nvidia-container-runtime.modes.legacy]
-cuda-compat-mode = "ldconfig"
-
-[nvidia-container-runtime-hook]
-path = "nvidia-container-runtime-hook"
-skip-mode-detection = false
-
-[nvidia-ctk]
-"""
+# What a node with nvidia-container-toolkit 1.17 has (`nvidia-ctk config default`, as a
+# public bug report shows it): NVIDIA_CTK_DEFAULT with the plain ldconfig path.
+NVIDIA_1_17 = NVIDIA_CTK_DEFAULT.replace('"@/sbin/ldconfig.real"', '"@/sbin/ldconfig"')
 
 # The shapes the test suite writes (hookenv.write_config, test_config, the CLI tests).
 SUITE = [
