@@ -108,7 +108,8 @@ def test_profile_contents_match_issue():
     t4 = load_profile("t4x1")
     assert [(g.name, g.cc, g.brand) for g in t4.gpus] == [("Tesla T4", (7, 5), "Tesla")]
     rtx = load_profile("rtx4090x1")
-    assert rtx.modeset and rtx.gpus[0].brand == "GeForce"
+    assert rtx.modeset and rtx.graphics and rtx.gpus[0].brand == "GeForce"
+    assert not (a100.graphics or h100.graphics or t4.graphics)
     assert {"libGLX_nvidia", "libEGL_nvidia", "libnvidia-glcore"} <= {s.name for s in rtx.libraries}
 
 

@@ -7,7 +7,9 @@ Everything is real except the GPU: ELF libraries with the driver's SONAMEs and i
 of libnvidia-ml (native/nvml_mock.c) that answers from the files of the root it is
 loaded from, an nvidia-smi that links it, device nodes made with mknod, procfs files
 in the driver's formats, sockets under run/ (var/run links to ../run, as /var/run is /run
-on a real host), and an etc/ld.so.cache made by `ldconfig -r`.
+on a real host), and an etc/ld.so.cache made by `ldconfig -r`. A graphics profile adds
+the loaders' files (EGL, GBM, Vulkan ICD and layer, X), the X driver modules and DRM
+nodes; its libGLX_nvidia is a Vulkan ICD that lists the GPUs of /proc/driver/nvidia.
 The root also holds the host's glibc (lib/x86_64-linux-gnu) so `chroot ROOT
 /usr/bin/nvidia-smi` works, as it does on a real GPU host.
 
@@ -32,14 +34,15 @@ from pathlib import Path
 from libinject.errors import NvhookError
 from libinject.record import asdict
 from libinject.sim import profile as profmod
-from libinject.sim.profile import GpuSpec, LibSpec, Profile
+from libinject.sim.profile import DRM_MAJOR, GpuSpec, LibSpec, Profile
 
 NATIVE = Path(__file__).resolve().parent / "native"
-CACHE_FORMAT = "2"   # bump when the compile recipe changes
+CACHE_FORMAT = "3"   # bump when the compile recipe changes
 CC = "gcc"
 CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
 ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
 NVIDIA_MAJOR = 195
+RENDER_MINOR_BASE = 128     # /dev/dri/renderD<128+i> is 226:<128+i>
 # Dev links the .run installer makes besides the SONAME links.
 DEV_LINKS = ("libcuda", "libnvidia-ml", "libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow")
 # Kernel version in the libraries' .note.ABI-tag (native/abi_note.S). libnvidia-container
@@ -90,22 +93,48 @@ def _defines(prof: Profile) -> list[str]:
     return [f'-DSIM_DRIVER_VERSION="{prof.driver_version}"', f"-DSIM_CUDA_VERSION={prof.cuda_int}"]
 
 
-def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
+def vk_driver_version(version: str) -> int:
+    """The driver version as NVIDIA's Vulkan driver reports it in driverVersion:
+    major 10 bits, minor 8, patch 8, then 6 unused ("550.163.01" -> 550, 163, 1)."""
+    major, minor, patch = (int(x) for x in (version.split(".") + ["0"])[:3])
+    return (major & 0x3FF) << 22 | (minor & 0xFF) << 14 | (patch & 0xFF) << 6
+
+
+def _so_flags(prof: Profile, arch: str, soname: str | None) -> list[str]:
     # --no-as-needed -lc: DT_NEEDED libc.so.6 like the real libraries (ldconfig then tags
     # 32-bit entries "libc6" rather than plain "ELF").
     # abi_note.S: a .note.ABI-tag, as the driver's libraries carry. --build-id=none: so
     # that it is also the first (only) SHT_NOTE section: older libnvidia-container read
     # the first one, newer ones look it up by name.
-    flags = [*ARCHES[arch][1], "-shared", f"-Wl,-soname,{lib.real_soname(prof.driver_version)}",
-             "-Wl,--no-as-needed", "-lc", "-Wl,--build-id=none", *_defines(prof),
-             *(f"-DSIM_ABI_{k}={v}" for k, v in zip(("MAJOR", "MINOR", "PATCH"), ABI_TAG))]
+    return [*ARCHES[arch][1], "-shared", *([f"-Wl,-soname,{soname}"] if soname else []),
+            "-Wl,--no-as-needed", "-lc", "-Wl,--build-id=none", *_defines(prof),
+            *(f"-DSIM_ABI_{k}={v}" for k, v in zip(("MAJOR", "MINOR", "PATCH"), ABI_TAG))]
+
+
+def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
+    flags = _so_flags(prof, arch, lib.real_soname(prof.driver_version))
+    out_name = f"{arch}-{lib.file_name(prof.driver_version)}"
     if lib.name == "libnvidia-ml":
-        return _compile(["nvml_mock.c", "abi_note.S"], [*flags, "-lpthread"],
-                        f"{arch}-{lib.file_name(prof.driver_version)}")
+        return _compile(["nvml_mock.c", "abi_note.S"], [*flags, "-lpthread"], out_name)
     flags.append(f'-DSIM_LIB="{lib.name}"')
     if lib.name == "libcuda":
         flags.append("-DSIM_LIBCUDA")
-    return _compile(["driver_lib.c", "abi_note.S"], flags, f"{arch}-{lib.file_name(prof.driver_version)}")
+    if lib.name == "libGLX_nvidia":
+        flags += ["-DSIM_LIBGLX", f"-DSIM_VK_DRIVER_VERSION={vk_driver_version(prof.driver_version)}u"]
+    return _compile(["driver_lib.c", "abi_note.S"], flags, out_name)
+
+
+def xorg_modules(prof: Profile) -> dict[str, str | None]:
+    """The X server modules of a graphics host: {path in the root: SONAME or None}."""
+    glx = f"libglxserver_nvidia.so.{prof.driver_version}"
+    return {"usr/lib/xorg/modules/drivers/nvidia_drv.so": None,
+            f"usr/lib/xorg/modules/extensions/{glx}": glx}
+
+
+def _build_module(prof: Profile, path: str, soname: str | None) -> Path:
+    name = path.rpartition("/")[2]
+    return _compile(["driver_lib.c", "abi_note.S"], [*_so_flags(prof, "x86_64", soname), f'-DSIM_LIB="{name}"'],
+                    f"xorg-{name}")
 
 
 def _build_tool(prof: Profile, name: str, nvml: Path) -> Path:
@@ -128,9 +157,9 @@ def _m32_works() -> bool:
     return True
 
 
-def build_artifacts(prof: Profile) -> tuple[dict[tuple[str, str], Path], dict[str, Path]]:
-    """Compile (or take from the cache) what the profile needs.
-    Returns ({(arch, lib name): .so}, {binary name: executable})."""
+def build_artifacts(prof: Profile) -> tuple[dict[tuple[str, str], Path], dict[str, Path], dict[str, Path]]:
+    """Compile (or take from the cache) what the profile needs. Returns
+    ({(arch, lib name): .so}, {binary name: executable}, {X module path in the root: .so})."""
     arches = ["x86_64"]
     if prof.compat32 and any(lib.i386 for lib in prof.libraries) and _m32_works():
         arches.append("i386")
@@ -139,9 +168,12 @@ def build_artifacts(prof: Profile) -> tuple[dict[tuple[str, str], Path], dict[st
         futs = {(arch, lib.name): pool.submit(_build_lib, prof, lib, arch) for arch, lib in jobs}
         nvml = futs[("x86_64", "libnvidia-ml")].result()
         bins = {b: pool.submit(_build_tool, prof, b, nvml) for b in prof.binaries}
+        mods = {p: pool.submit(_build_module, prof, p, soname)
+                for p, soname in (xorg_modules(prof).items() if prof.graphics else ())}
         libs = {k: f.result() for k, f in futs.items()}
         tools = {k: f.result() for k, f in bins.items()}
-    return libs, tools
+        modules = {k: f.result() for k, f in mods.items()}
+    return libs, tools, modules
 
 
 # ---------------------------------------------------------------- file formats
@@ -334,6 +366,91 @@ def _install_ldconf(root: Path, arches: list[str]) -> None:
                "# Multiarch support\n/usr/lib/i386-linux-gnu\n")
 
 
+# ---------------------------------------------------------------- graphics hosts
+
+# egl/egl_external_platform.d/<file>: the EGL platform library each names (EGL's
+# external platform loader reads them in name order).
+EGL_PLATFORMS = {"09_nvidia_wayland2.json": "libnvidia-egl-wayland2.so.1",
+                 "10_nvidia_wayland.json": "libnvidia-egl-wayland.so.1",
+                 "15_nvidia_gbm.json": "libnvidia-egl-gbm.so.1",
+                 "20_nvidia_xcb.json": "libnvidia-egl-xcb.so.1",
+                 "20_nvidia_xlib.json": "libnvidia-egl-xlib.so.1"}
+VULKAN_API = "1.3.277"
+# The driver's implicit Vulkan layer (PRIME render offload): the loader enables it only
+# when __NV_PRIME_RENDER_OFFLOAD=1, so by default it is read and skipped.
+VULKAN_LAYER = {"file_format_version": "1.0.0",
+                "layer": {"name": "VK_LAYER_NV_optimus", "type": "INSTANCE",
+                          "library_path": "libGLX_nvidia.so.0", "api_version": VULKAN_API,
+                          "implementation_version": "1", "description": "NVIDIA Optimus layer",
+                          "functions": {"vkGetInstanceProcAddr": "vk_optimusGetInstanceProcAddr",
+                                        "vkGetDeviceProcAddr": "vk_optimusGetDeviceProcAddr"},
+                          "enable_environment": {"__NV_PRIME_RENDER_OFFLOAD": "1"},
+                          "disable_environment": {"DISABLE_LAYER_NV_OPTIMUS_1": ""}}}
+_OUTPUT_CLASS = 'Section "OutputClass"\n    Identifier "nvidia"\n    MatchDriver "nvidia-drm"\n    Driver "nvidia"\n'
+# Distribution packages' snippet, and the .run installer's: both make the X server load
+# nvidia_drv.so for a device the nvidia-drm kernel module drives.
+XORG_CONF = _OUTPUT_CLASS + '    Option "AllowEmptyInitialConfiguration"\nEndSection\n'
+XORG_OUTPUTCLASS_CONF = ("# Loads the nvidia X driver for devices driven by the nvidia-drm kernel module\n"
+                         "# (X server 1.16 or later).\n\n" + _OUTPUT_CLASS + "EndSection\n")
+APP_PROFILE_KEYS = """This file documents the keys of the NVIDIA driver's application profiles
+(nvidia-application-profiles-rc): each profile sets driver settings, each rule applies a
+profile to the processes it matches.
+
+GLSyncToVblank          boolean   sync buffer swaps to the display's vertical refresh
+GLShaderDiskCache       boolean   keep compiled shaders in a cache on disk
+GLThreadedOptimizations boolean   run OpenGL work on a separate thread
+"""
+
+
+def drm_nodes(prof: Profile) -> list[tuple[GpuSpec, str, str, int]]:
+    """(GPU, by-path kind, node name, minor) of a graphics host's DRM nodes: the GPU at
+    position i (PCI order) has card<i> (226:i) and renderD<128+i> (226:128+i)."""
+    out = []
+    for i, g in enumerate(prof.gpus):
+        out += [(g, "card", f"card{i}", i), (g, "render", f"renderD{RENDER_MINOR_BASE + i}", RENDER_MINOR_BASE + i)]
+    return out
+
+
+def _json(path: Path, data: dict) -> None:
+    _write(path, json.dumps(data, indent=4) + "\n")
+
+
+def _install_graphics(root: Path, prof: Profile, modules: dict[str, Path]) -> None:
+    ver = prof.driver_version
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    (libdir / "gbm").mkdir()
+    (libdir / "gbm/nvidia-drm_gbm.so").symlink_to("../libnvidia-allocator.so.1")   # Mesa's GBM backend dir
+    share = root / "usr/share"
+    for name, lib in EGL_PLATFORMS.items():
+        _json(share / "egl/egl_external_platform.d" / name,
+              {"file_format_version": "1.0.0", "ICD": {"library_path": lib}})
+    _json(share / "vulkan/implicit_layer.d/nvidia_layers.json", VULKAN_LAYER)
+    _write(share / f"nvidia/nvidia-application-profiles-{ver}-rc",
+           json.dumps({"rules": [], "profiles": []}, indent=4) + "\n")
+    _write(share / f"nvidia/nvidia-application-profiles-{ver}-key-documentation", APP_PROFILE_KEYS)
+    _write(share / "nvidia/nvoptix.bin", f"nvhook simulated OptiX data for driver {ver}\n")
+    _write(share / "X11/xorg.conf.d/10-nvidia.conf", XORG_CONF)
+    _write(share / "X11/xorg.conf.d/nvidia-drm-outputclass.conf", XORG_OUTPUTCLASS_CONF)
+    for path, src in modules.items():
+        _copy(src, root / path, 0o755)
+    ext = root / "usr/lib/xorg/modules/extensions"
+    (ext / "libglxserver_nvidia.so").symlink_to(f"libglxserver_nvidia.so.{ver}")
+    # DRM nodes as udev makes them (by-path links), and the sysfs view that hosts
+    # without udev links are read through.
+    dri = root / "dev/dri"
+    for g, kind, node, minor in drm_nodes(prof):
+        bus = g.procfs_name
+        _mknod(dri / node, DRM_MAJOR, minor)
+        _symlink(dri / f"by-path/pci-{bus}-{kind}", f"../{node}")
+        _write(root / f"sys/bus/pci/devices/{bus}/drm/{node}/dev", f"{DRM_MAJOR}:{minor}\n", 0o444)
+        _symlink(root / f"sys/class/drm/{node}", f"../../bus/pci/devices/{bus}/drm/{node}")
+
+
+def _symlink(path: Path, target: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+
+
 def _install_devices(root: Path, prof: Profile) -> None:
     dev = root / "dev"
     for g in prof.gpus:
@@ -376,14 +493,17 @@ def _install_procfs(root: Path, prof: Profile) -> None:
                 _write(gdir / "access", _cap_file(gi_minor(g.minor, m.gi), 292), 0o444)
                 _write(gdir / f"ci{m.ci}/access", _cap_file(ci_minor(g.minor, m.gi, m.ci), 292), 0o444)
     _write(root / "proc/driver/nvidia-caps/mig-minors", mig_minors_file(), 0o444)
-    # Majors as the kernel lists them (tools read nvidia-uvm's and nvidia-caps' majors here).
-    _write(root / "proc/devices",
-           f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{prof.uvm_major} nvidia-uvm\n"
-           f"{prof.caps_major} nvidia-caps\n\nBlock devices:\n", 0o444)
+    # Majors as the kernel lists them, in major order (tools read nvidia-uvm's and
+    # nvidia-caps' majors here).
+    majors = [(NVIDIA_MAJOR, "nvidia-frontend"), (prof.uvm_major, "nvidia-uvm"), (prof.caps_major, "nvidia-caps")]
+    if prof.graphics:
+        majors.append((DRM_MAJOR, "drm"))
+    chars = "".join(f"{major} {name}\n" for major, name in sorted(majors))
+    _write(root / "proc/devices", f"Character devices:\n{chars}\nBlock devices:\n", 0o444)
 
 
 def _build(root: Path, prof: Profile) -> None:
-    libs, tools = build_artifacts(prof)
+    libs, tools, modules = build_artifacts(prof)
     for d in ("etc", "tmp", "run", "usr/bin", "usr/lib/x86_64-linux-gnu"):
         (root / d).mkdir(parents=True, exist_ok=True)
     os.chmod(root / "tmp", 0o1777)
@@ -396,6 +516,8 @@ def _build(root: Path, prof: Profile) -> None:
                f"nvhook simulated GSP firmware {fw} for driver {prof.driver_version}\n")
     _install_devices(root, prof)
     _install_procfs(root, prof)
+    if prof.graphics:
+        _install_graphics(root, prof, modules)
     # As on a real host, /var/run is /run: NVIDIA's tools name the sockets /var/run/...
     # Relative, so that it resolves inside the root wherever the root is.
     (root / "var").mkdir(exist_ok=True)

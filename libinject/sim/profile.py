@@ -27,9 +27,11 @@ any file in the same format. Fields (all optional unless marked required):
         uuid          "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (default: derived)
         memory_mib    required
     libraries         list of driver libraries (default: every library in LIBRARIES below,
-                      libnvidia-nscq only with nv-fabricmanager); an item is a known name
-                      ("libcuda") or {"name": "libfoo_nvidia", "soname": "libfoo_nvidia.so.1"
-                      (omit for a versioned SONAME), "capability": "compute", "i386": false}
+                      libnvidia-nscq only with nv-fabricmanager, the GRAPHICS_ONLY ones only
+                      with graphics); an item is a known name ("libcuda") or
+                      {"name": "libfoo_nvidia", "soname": "libfoo_nvidia.so.1" (omit for a
+                      versioned SONAME), "capability": "compute", "i386": false,
+                      "version": "1.0.0" (file libfoo_nvidia.so.1.0.0; omit: the driver's)}
     compat32          bool (default true): also build 32-bit copies (usr/lib/i386-linux-gnu)
                       of the libraries that have one, when `gcc -m32` works
     binaries          usr/bin programs (default: nvidia-smi nvidia-debugdump nvidia-persistenced
@@ -37,6 +39,12 @@ any file in the same format. Fields (all optional unless marked required):
                       run/nvidia-fabricmanager/socket, nvidia-persistenced adds its socket
     firmware          lib/firmware/nvidia/<ver>/ files (default gsp_ga10x.bin gsp_tu10x.bin)
     modeset           bool (default false): dev/nvidia-modeset (195:254), the display capability
+    graphics          bool (default: true when a GPU's brand is GeForce, GeForceRTX, Quadro,
+                      QuadroRTX, NvidiaRTX, Titan or TitanRTX): the graphics/display surface:
+                      the EGL platform, GBM, Wayland and Vulkan-producer libraries (added to
+                      `libraries` with the ones they need: libGLX_nvidia, libEGL_nvidia,
+                      libnvidia-allocator), the EGL/Vulkan/X loaders' files, the X driver
+                      modules, and each GPU's DRM nodes (dev/dri, by-path links, sysfs)
     uvm_major         char major of nvidia-uvm(-tools) (default 235: unregistered here -> ENXIO)
     caps_major        char major of dev/nvidia-caps/* (default 236)
 
@@ -69,16 +77,19 @@ class LibSpec:
     soname: str | None      # "libcuda.so.1"; None: versioned, "<name>.so.<driver version>"
     capability: str         # which capability injects it (libinject/discover/libraries.py)
     i386: bool = False      # the driver ships a 32-bit copy
+    version: str | None = None  # its own version ("1.1.13" for libnvidia-egl-wayland);
+                                # None: the driver version
 
     def file_name(self, version: str) -> str:
-        return f"{self.name}.so.{version}"
+        """The real file's name; `version` is the driver version."""
+        return f"{self.name}.so.{self.version or version}"
 
     def real_soname(self, version: str) -> str:
         return self.soname or self.file_name(version)
 
 
-def _lib(name: str, soname: str | None, cap: str, i386: bool = False) -> LibSpec:
-    return LibSpec(name, soname, cap, i386)
+def _lib(name: str, soname: str | None, cap: str, i386: bool = False, version: str | None = None) -> LibSpec:
+    return LibSpec(name, soname, cap, i386, version)
 
 
 # The driver's libraries with their real SONAMEs (None = versioned SONAME).
@@ -114,12 +125,29 @@ LIBRARIES: dict[str, LibSpec] = {s.name: s for s in (
     _lib("libnvidia-ngx", "libnvidia-ngx.so.1", "ngx"),
     # Not in NVIDIA's fixed lists (newer drivers ship it): found by the lib*nvidia*.so.<ver> rule.
     _lib("libnvidia-sandboxutils", "libnvidia-sandboxutils.so.1", "utility"),
+    # Graphics hosts only (GRAPHICS_ONLY): the EGL external platforms ship with their own
+    # versions, not the driver's.
+    _lib("libnvidia-egl-gbm", "libnvidia-egl-gbm.so.1", "graphics", version="1.1.1"),
+    _lib("libnvidia-egl-wayland", "libnvidia-egl-wayland.so.1", "graphics", version="1.1.13"),
+    _lib("libnvidia-egl-wayland2", "libnvidia-egl-wayland2.so.1", "graphics", version="1.0.0"),
+    _lib("libnvidia-egl-xcb", "libnvidia-egl-xcb.so.1", "graphics", version="1.0.0"),
+    _lib("libnvidia-egl-xlib", "libnvidia-egl-xlib.so.1", "graphics", version="1.0.0"),
+    _lib("libnvidia-vulkan-producer", None, "graphics"),
 )}
+# The libraries above that only graphics hosts have; what a graphics host adds to its
+# library list: those, and the ones its loader files name (Vulkan ICD and layer, EGL
+# vendor, GBM backend).
+GRAPHICS_ONLY = ("libnvidia-egl-gbm", "libnvidia-egl-wayland", "libnvidia-egl-wayland2",
+                 "libnvidia-egl-xcb", "libnvidia-egl-xlib", "libnvidia-vulkan-producer")
+GRAPHICS_LIBRARIES = ("libGLX_nvidia", "libEGL_nvidia", "libnvidia-allocator", *GRAPHICS_ONLY)
+# NVML brands of cards that drive displays: their hosts default to graphics.
+GRAPHICS_BRANDS = ("GeForce", "GeForceRTX", "Quadro", "QuadroRTX", "NvidiaRTX", "Titan", "TitanRTX")
 
 DEFAULT_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
                     "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 KNOWN_BINARIES = DEFAULT_BINARIES + ("nv-fabricmanager",)
 DEFAULT_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+DRM_MAJOR = 226
 CAPABILITIES = ("utility", "compute", "video", "graphics", "display", "ngx")
 
 # nvmlBrandType_t values, keyed by the names nvidia-container-cli prints.
@@ -138,6 +166,7 @@ _GPU_UUID = re.compile(rf"GPU-{_UUID_BODY}")
 _MIG_UUID = re.compile(rf"MIG-{_UUID_BODY}")
 _BUS_ID = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])")
 _VERSION = re.compile(r"[0-9]{1,6}\.[0-9]{1,6}(\.[0-9]{1,6})?")
+_LIB_VERSION = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
 _CUDA = re.compile(r"([0-9]{1,3})\.([0-9])")
 _CC = re.compile(r"([0-9]{1,2})\.([0-9])")
 _LIBNAME = re.compile(r"lib[A-Za-z0-9_+-]{1,100}")
@@ -149,7 +178,7 @@ MAX_DESCRIPTION = 200
 MAX_LIST = 256                  # libraries, binaries, firmware
 
 TOP_FIELDS = {"description", "driver_version", "cuda_version", "gpus", "libraries", "compat32",
-              "binaries", "firmware", "modeset", "uvm_major", "caps_major"}
+              "binaries", "firmware", "modeset", "graphics", "uvm_major", "caps_major"}
 GPU_FIELDS = {"name", "brand", "uuid", "bus_id", "minor", "cc", "architecture", "memory_mib",
               "pci_device_id", "pci_subsystem_id", "mig_capable", "mig_enabled", "mig"}
 MIG_FIELDS = {"gi", "ci", "name", "uuid", "memory_mib"}
@@ -207,6 +236,7 @@ class Profile:
     binaries: tuple[str, ...]
     firmware: tuple[str, ...]
     modeset: bool
+    graphics: bool
     uvm_major: int
     caps_major: int
 
@@ -388,7 +418,7 @@ def _parse_library(v: Any, where: str) -> LibSpec:
         return LIBRARIES[v]
     if not isinstance(v, dict):
         raise _err(where, "expected a library name or an object")
-    _unknown(v, {"name", "soname", "capability", "i386"}, where)
+    _unknown(v, {"name", "soname", "capability", "i386", "version"}, where)
     name = _get(v, "name", where, str)
     if not _LIBNAME.fullmatch(name):
         raise _err(f"{where}.name", f"expected a library base name like 'libcuda', got {_show(name)}")
@@ -400,7 +430,10 @@ def _parse_library(v: Any, where: str) -> LibSpec:
     if cap not in CAPABILITIES:
         raise _err(f"{where}.capability", f"unknown capability {_show(cap)} (known: {', '.join(CAPABILITIES)})")
     i386 = _get(v, "i386", where, bool, known.i386 if known else False)
-    return LibSpec(name, soname, cap, i386)
+    version = _get(v, "version", where, (str, type(None)), known.version if known else None)
+    if version is not None and not _LIB_VERSION.fullmatch(version):
+        raise _err(f"{where}.version", f"expected a version like '1.1.13', got {_show(version)}")
+    return LibSpec(name, soname, cap, i386, version)
 
 
 def _names(d: dict, key: str, default: tuple[str, ...], allowed: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -454,8 +487,12 @@ def parse_profile(data: Any, name: str = "custom") -> Profile:
             raise _err("libraries", f"at most {MAX_LIST} entries")
         libs = [_parse_library(x, f"libraries[{j}]") for j, x in enumerate(libs_in)]
     else:
-        libs = [s for s in LIBRARIES.values()
-                if s.name != "libnvidia-nscq" or "nv-fabricmanager" in binaries]
+        libs = [s for s in LIBRARIES.values() if s.name not in GRAPHICS_ONLY
+                and (s.name != "libnvidia-nscq" or "nv-fabricmanager" in binaries)]
+    graphics = _get(data, "graphics", "", bool, any(g.brand in GRAPHICS_BRANDS for g in gpus))
+    if graphics:
+        have = {s.name for s in libs}
+        libs += [LIBRARIES[n] for n in GRAPHICS_LIBRARIES if n not in have]
     if not any(s.name == "libnvidia-ml" for s in libs):
         raise _err("libraries", "libnvidia-ml is required (it is the simulated NVML)")
     if len({s.name for s in libs}) != len(libs):
@@ -469,10 +506,13 @@ def parse_profile(data: Any, name: str = "custom") -> Profile:
             raise _err(key, "must be 1..511 and not 195")
     if uvm_major == caps_major:
         raise _err("caps_major", "must differ from uvm_major")
+    for key, val in (("uvm_major", uvm_major), ("caps_major", caps_major)):
+        if graphics and val == DRM_MAJOR:
+            raise _err(key, f"must not be {DRM_MAJOR} (DRM's) on a graphics host")
     return Profile(name=name, description=description, driver_version=driver_version,
                    cuda_version=cuda_version, gpus=tuple(gpus), libraries=tuple(libs),
                    compat32=compat32, binaries=binaries, firmware=firmware, modeset=modeset,
-                   uvm_major=uvm_major, caps_major=caps_major)
+                   graphics=graphics, uvm_major=uvm_major, caps_major=caps_major)
 
 
 def list_profiles() -> list[str]:

@@ -1,5 +1,6 @@
 """A minimal container rootfs without an image registry:
-static busybox, the host's glibc, an ld.so.conf that includes ld.so.conf.d.
+static busybox, the host's glibc, an ld.so.conf that includes ld.so.conf.d, and on
+request the host's Vulkan loader (as a Vulkan base image has it).
 
 Used by `nvhook sim rootfs`, `make demo` and the tests.
 """
@@ -15,19 +16,25 @@ BUSYBOX = "/bin/busybox"
 GLIBC_DIR = "/lib/x86_64-linux-gnu"
 GLIBC_LIBS = ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libpthread.so.0",
               "libdl.so.2", "librt.so.1", "libresolv.so.2")
+VULKAN_LOADER = "/usr/lib/x86_64-linux-gnu/libvulkan.so.1"   # Debian's libvulkan1
 APPLETS = ("sh", "ls", "cat", "echo", "true", "false", "sleep", "mkdir", "readlink", "stat",
            "test", "grep", "head", "wc", "env", "id", "mount", "chroot", "find", "ln", "rm", "dd")
 
 
-def build_rootfs(dest: str | os.PathLike[str], *, lib_layout: str = "debian") -> Path:
+def build_rootfs(dest: str | os.PathLike[str], *, lib_layout: str = "debian", vulkan: bool = False) -> Path:
     """Build a busybox+glibc rootfs at dest (must not exist or be empty).
 
     lib_layout "debian" puts glibc in /lib/x86_64-linux-gnu (with /usr/lib/x86_64-linux-gnu
     present); "rpm" puts it in /lib64 and /usr/lib64 (a Fedora-like image).
+    vulkan: also copy the host's Vulkan loader (libvulkan.so.1's real file and its SONAME
+    link) into /usr/lib/x86_64-linux-gnu (/usr/lib64 for "rpm"); it reads the driver's
+    Vulkan files (usr/share/vulkan) that nvhook injects with the graphics capability.
     """
     root = Path(dest)
     if not Path(BUSYBOX).is_file():
         raise NvhookError(f"{BUSYBOX} not found: install busybox-static")
+    if vulkan and not Path(VULKAN_LOADER).is_file():
+        raise NvhookError(f"{VULKAN_LOADER} not found: install libvulkan1")
     root.mkdir(parents=True, exist_ok=True)
     for d in ("bin", "sbin", "etc/ld.so.conf.d", "proc", "sys", "dev", "tmp", "run", "root",
               "usr/bin", "usr/local/bin", "var/run"):
@@ -40,18 +47,25 @@ def build_rootfs(dest: str | os.PathLike[str], *, lib_layout: str = "debian") ->
             link.symlink_to("busybox")
     if lib_layout == "debian":
         libdir = root / "lib/x86_64-linux-gnu"
-        (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+        usr_libdir = root / "usr/lib/x86_64-linux-gnu"
         (root / "lib64").mkdir(exist_ok=True)
         conf_dirs = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"]
     elif lib_layout == "rpm":
         libdir = root / "lib64"
-        (root / "usr/lib64").mkdir(parents=True, exist_ok=True)
+        usr_libdir = root / "usr/lib64"
         conf_dirs = ["/lib64", "/usr/lib64"]
     else:
         raise NvhookError(f"unknown lib layout {lib_layout!r}")
+    usr_libdir.mkdir(parents=True, exist_ok=True)
     libdir.mkdir(parents=True, exist_ok=True)
     for lib in GLIBC_LIBS:
         shutil.copy2(os.path.realpath(f"{GLIBC_DIR}/{lib}"), libdir / lib)
+    if vulkan:
+        real = os.path.realpath(VULKAN_LOADER)      # libvulkan.so.1.3.239
+        shutil.copy2(real, usr_libdir / os.path.basename(real))
+        link = usr_libdir / "libvulkan.so.1"
+        if not link.is_symlink():
+            link.symlink_to(os.path.basename(real))
     if lib_layout == "debian":
         loader = root / "lib64/ld-linux-x86-64.so.2"
         if not loader.exists():

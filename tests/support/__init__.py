@@ -11,4 +11,5 @@ here (or use conftest fixtures), never from each other.
   canary      canaries for container input reaching the host's hook
   serve_client  a Python client of `nvhook serve`
   cli         the real `nvhook` CLI with a config of its own; a refusal's one clear line
+  vkprobe     a Vulkan loader client (vkprobe.c) listing the GPUs a Vulkan driver offers
 """
