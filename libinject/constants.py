@@ -30,3 +30,5 @@ SERVE_SOCKET = "/run/nvhook/hook.sock"
 
 # Where discovery snapshots live unless [nvhook] snapshot-dir says otherwise.
 SNAPSHOT_DIR = "/run/nvhook/snapshots"
+# The X server's GLX module; the driver ships libglxserver_nvidia.so.<version>, X loads this name.
+GLXSERVER = "libglxserver_nvidia.so"

@@ -3,7 +3,9 @@
 Text: one path per line, as seen from the driver root ("/usr/lib/...", "/dev/nvidia0"),
 in nvidia-container-cli's order: driver device nodes, GPU nodes, MIG access files and
 nodes, IMEX channels, MIG config/monitor, binaries, libraries, 32-bit libraries, IPC,
-firmware. --json: the same items with host paths and details.
+firmware; then what nvidia-container-cli does not list: with --graphics, the selected
+GPUs' DRM nodes and the graphics and display files (ICD/vendor files, X modules).
+--json: the same items with host paths and details.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("-b", "--binaries", action="store_true", help="list driver binaries")
     a("-i", "--ipcs", action="store_true", help="list driver IPCs")
     a("-f", "--firmwares", action="store_true", help="list driver firmwares")
+    a("-g", "--graphics", action="store_true",
+      help="list graphics/display files (ICD and vendor files, X modules) and the devices' DRM nodes")
     a("--compat32", action="store_true", help="include 32-bit libraries")
     a("--mig-config", action="append", metavar="IDS", help="MIG devices to list config capabilities files for")
     a("--mig-monitor", action="append", metavar="IDS", help="MIG devices to list monitor capabilities files for")
@@ -44,9 +48,10 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
     devices, mig_config, mig_monitor = _join(args.device), _join(args.mig_config), _join(args.mig_monitor)
     imex = _join(args.imex_channel)
     libs, bins, ipcs, fw, compat32 = args.libraries, args.binaries, args.ipcs, args.firmwares, args.compat32
-    if not any((devices, mig_config, mig_monitor, libs, bins, ipcs, fw)):
+    graphics = args.graphics
+    if not any((devices, mig_config, mig_monitor, libs, bins, ipcs, fw, graphics)):
         # No selection: everything, for all devices (as nvidia-container-cli list).
-        devices, libs, bins, ipcs, fw, compat32 = "all", True, True, True, True, True
+        devices, libs, bins, ipcs, fw, compat32, graphics = "all", True, True, True, True, True, True
     if args.no_gsp_firmware:
         fw = False
 
@@ -121,6 +126,15 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
     if fw:
         for f in driver.firmware:
             out.append({"kind": "firmware", "path": f.container_path, "host_path": f.path})
+    if graphics:
+        if devices is not None:
+            buses = {g.bus_id: g.index for g in sel.whole_gpus}
+            for d in driver.drm_devices:
+                if d.bus_id in buses:
+                    node(d.node, kind="drm-device", gpu=buses[d.bus_id], by_path=d.by_path or None)
+        for f in driver.graphics_files:
+            out.append({"kind": "graphics", "path": f.container_path, "host_path": f.path,
+                        "capability": f.capability})
     return out
 
 

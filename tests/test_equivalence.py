@@ -1,6 +1,8 @@
 """One request, four ways in, one container (DESIGN.md §2: three appliers, same edits).
 
-For the same request (a GPU or a MIG device, every driver capability) the container
+For the same request (a GPU or a MIG device, every driver capability: on the GeForce
+profile that includes graphics and display, with their ICD/vendor files, X modules,
+DRM nodes and by-path links) the container
 sees the same device nodes, driver files (size and checksum), symlinks,
 /proc/driver/nvidia, ld cache and nvidia-smi output, and the same open() verdicts,
 whether the GPUs came from
@@ -23,11 +25,14 @@ from support.podman import Podman, state_dir
 from support.shimenv import ENV_PATH, SHIM, gpu_env, prestart_hooks, write_config
 
 ALL_CAPS = ["--compute", "--utility", "--video", "--graphics", "--display", "--ngx", "--compat32"]
+DRM_OPENS = ("; for d in card0 renderD128; do dd if=/dev/dri/$d of=/dev/null count=0 2>/tmp/e "
+             "&& echo \"drm $d OK\" || echo \"drm $d $(grep -o 'No such device or address\\|"
+             "Operation not permitted' /tmp/e)\"; done")
 OPENS = ("for m in {minors}; do if dd if=/dev/nvidia$m of=/dev/null count=0 2>/tmp/e; "
          "then echo \"open $m OK\"; else echo \"open $m $(cat /tmp/e)\"; fi; done")
 
 
-@pytest.mark.parametrize("profile,device", [("a100x8", "1"), ("h100x8-mig", "0:1")])
+@pytest.mark.parametrize("profile,device", [("a100x8", "1"), ("h100x8-mig", "0:1"), ("rtx4090x1", "0")])
 def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_path, monkeypatch,
                                                                  profile, device):
     from libinject.discover.driver import discover
@@ -36,6 +41,8 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
     driver = discover(str(host), snapshot=False)
     minors = " ".join(str(g.minor) for g in driver.info.gpus)
     script = SNAPSHOT + OPENS.format(minors=minors)
+    if profile == "rtx4090x1":      # the DRM nodes: the cgroup lets them through (ENXIO, not EPERM)
+        script += DRM_OPENS
     specs = tmp_path / "specs"
     specs.mkdir()
     r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.yaml")])
@@ -81,6 +88,19 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
     results["podman-cdi"] = split_opens(r.stdout)
 
     ref_snap, ref_opens = results["hook"]
+    if profile == "rtx4090x1":
+        # `nvhook list` names the same graphics files and DRM nodes the container got
+        r = run([NVHOOK, "--root", str(host), "list", "--graphics", "--device", device])
+        listed = r.stdout.split()
+        assert "/dev/dri/card0" in listed and "/usr/share/vulkan/icd.d/nvidia_icd.json" in listed
+        for path in listed:
+            assert any(ln.split()[1] == path for ln in ref_snap if ln[:2] in ("F ", "C ")), path
+        assert "L /dev/dri/by-path/pci-0000:01:00.0-card -> ../card0" in ref_snap
+        assert "drm card0 No such device or address" in ref_snap
+        assert "drm renderD128 No such device or address" in ref_snap
+        assert ("L /usr/lib/xorg/modules/extensions/libglxserver_nvidia.so -> "
+                f"libglxserver_nvidia.so.{driver.info.driver_version}") in ref_snap
+        assert "L /usr/lib/x86_64-linux-gnu/gbm/nvidia-drm_gbm.so -> ../libnvidia-allocator.so.1" in ref_snap
     # the reference is a real injection: nvidia-smi lists the device, its node opens
     assert any(ln.startswith("GPU ") for ln in ref_snap), ref_snap
     assert any(ln.startswith("L /usr/lib/x86_64-linux-gnu/libcuda.so -> ") for ln in ref_snap)

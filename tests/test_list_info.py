@@ -40,15 +40,30 @@ def _libs(root: Path, prof: dict, i386: bool) -> list[str]:
 
     ver = prof["driver_version"]
     d = "/usr/lib/i386-linux-gnu" if i386 else "/usr/lib/x86_64-linux-gnu"
-    have = {lib["name"] for lib in prof["libraries"] if lib["i386"] or not i386}
+    have = {lib["name"]: f"{lib['name']}.so.{lib.get('version') or ver}"
+            for lib in prof["libraries"] if lib["i386"] or not i386}
     fixed = [p.split(".so")[0] for p, _ in LIBRARIES]
-    out = [f"{d}/{n}.so.{ver}" for n in dict.fromkeys(fixed) if n in have]
-    out += sorted(f"{d}/{n}.so.{ver}" for n in have if n not in fixed)
+    out = [f"{d}/{have[n]}" for n in dict.fromkeys(fixed) if n in have]
+    out += sorted(f"{d}/{have[n]}" for n in have if n not in fixed)
+    return out
+
+
+def _graphics(root: Path, prof: dict) -> list[str]:
+    """The graphics files the host has, in discovery's order (DATA_FILES, then X modules)."""
+    from libinject.discover.graphics import DATA_DIRS, DATA_FILES, XORG_DIRS
+
+    ver = prof["driver_version"]
+    out = []
+    for name, _ in DATA_FILES:
+        name = name.format(ver=ver, arch=os.uname().machine)
+        out += [f"/{d}/{name}" for d in DATA_DIRS if (root / d / name).is_file()][:1]
+    for name in ("drivers/nvidia_drv.so", f"extensions/libglxserver_nvidia.so.{ver}"):
+        out += [f"/{XORG_DIRS[0][0]}/{name}"] if (root / XORG_DIRS[0][0] / name).is_file() else []
     return out
 
 
 def expected_list(root: Path, prof: dict, *, devices=True, migs=True, libs=True, compat32=True,
-                  bins=True, ipcs=True, fw=True) -> str:
+                  bins=True, ipcs=True, fw=True, graphics=True) -> str:
     minors = _minors(root)
     out = []
     if devices:
@@ -72,6 +87,10 @@ def expected_list(root: Path, prof: dict, *, devices=True, migs=True, libs=True,
                 if (root / p.lstrip("/")).exists()]
     if fw:
         out += [f"/lib/firmware/nvidia/{prof['driver_version']}/{n}" for n in sorted(prof["firmware"])]
+    if graphics:
+        if devices and prof.get("graphics"):
+            out += [p for i, _ in enumerate(_gpus(prof)) for p in (f"/dev/dri/card{i}", f"/dev/dri/renderD{128 + i}")]
+        out += _graphics(root, prof)
     return "".join(f"{p}\n" for p in out)
 
 
@@ -119,7 +138,7 @@ def test_info(sim_host, nvhook, profile):
 def test_compat32_and_parts(sim_host, nvhook, profile):
     root = sim_host(profile)
     prof = profile_of(root)
-    kw = dict(devices=False, bins=False, ipcs=False, fw=False)
+    kw = dict(devices=False, bins=False, ipcs=False, fw=False, graphics=False)
     r = nvhook("--root", str(root), "list", "--libraries")
     assert r.stdout == expected_list(root, prof, compat32=False, **kw)
     assert "/i386-linux-gnu/" not in r.stdout

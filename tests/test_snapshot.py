@@ -156,6 +156,33 @@ def test_edited_mig_facts_are_not_believed(sim_host, tmp_path, edit):
     assert _reloads(sdir, root) == d0
 
 
+GRAPHICS_EDITS = {
+    # the card node is the render node: another minor than the host's
+    "drm-minor": lambda d: d["drm_devices"][0]["node"].update(minor=128),
+    # a node discovery never found (the host's /dev/null, to be bound in as a DRM node)
+    "drm-extra": lambda d: d["drm_devices"].append(dict(d["drm_devices"][0], node=dict(
+        d["drm_devices"][0]["node"], path="/dev/null", major=1, minor=3))),
+    # the by-path link would point another GPU's way
+    "drm-by-path": lambda d: d["drm_devices"][0].update(by_path="/dev/dri/by-path/pci-0000:99:00.0-card"),
+    # an ICD file from outside the driver root
+    "graphics-outside-root": lambda d: d["graphics_files"][0].update(path="/etc/shadow"),
+}
+
+
+@pytest.mark.parametrize("edit", list(GRAPHICS_EDITS))
+def test_edited_graphics_facts_are_not_believed(sim_host, tmp_path, edit):
+    root = sim_host("rtx4090x1")
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    assert d0.drm_devices and d0.graphics_files
+    _, _, doc = _split(_only(sdir))
+    GRAPHICS_EDITS[edit](doc)
+    _write(sdir, "resigned", doc)
+    assert _reloads(sdir, root) is None
+    assert discover(str(root), snapshot_dir=str(sdir)) == d0
+    assert _reloads(sdir, root) == d0
+
+
 # ---------------------------------------------------------------- shapes: validated
 
 def _set(path: str, value):

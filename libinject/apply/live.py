@@ -9,7 +9,8 @@ capabilities:
      the runtime's namespace, where the container's /dev tmpfs is invisible);
   3. drop capabilities the rest does not need;
   4. in order: procfs tmpfs, binaries, libraries, symlinks, CUDA compat, firmware, IPC,
-     control devices, per-GPU devices and their procfs entries, MIG, IMEX, ldconfig;
+     graphics files, control devices, per-GPU devices and their procfs entries, DRM
+     nodes, MIG, IMEX, ldconfig;
      every container path through safefs.RootFS, every step journaled;
   5. report to the parent, which applies the cgroup rules (they need the host's view of
      the cgroup tree) and then tells the child to commit or roll back.
@@ -59,10 +60,10 @@ PROC_ATTRS = (native.MOUNT_ATTR_RDONLY | native.MOUNT_ATTR_NOSUID | native.MOUNT
               | native.MOUNT_ATTR_NOEXEC)
 # mounts by kind, in the order they are applied; symlinks and compat go after libraries
 EARLY_KINDS = ("binary", "library")
-LATE_KINDS = ("firmware", "ipc")
+LATE_KINDS = ("firmware", "ipc", "graphics")
 EXPECT = {"binary": "file", "library": "file", "firmware": "file", "ipc": None,
-          "procfs-gpu": "dir"}
-DEVICE_KINDS = ("control", "gpu", "mig", "imex")
+          "graphics": "file", "procfs-gpu": "dir"}
+DEVICE_KINDS = ("control", "gpu", "drm", "mig", "imex")
 # Optional timing hook (bench/bench_apply.py): called as trace(phase, t) with t =
 # time.perf_counter() at the end of each phase (the worker's marks come back with
 # its report; perf_counter is CLOCK_MONOTONIC, the same clock in every process).
@@ -523,6 +524,7 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
 
 
 def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:
+    root.expect_mounts([(m.container_path, s.fd, s.st) for m, s in items])  # written ahead at once
     for m, s in items:
         attrs, recursive = mount_attrs(m.options)
         root.bind_tree(s.fd, s.st, m.container_path, attrs, recursive=recursive,
@@ -530,6 +532,7 @@ def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:
 
 
 def _devices(root: RootFS, items: list[tuple[DeviceEdit, _Source]]) -> None:
+    root.expect_mounts([(d.path, s.fd, s.st) for d, s in items])  # written ahead at once
     for d, s in items:
         root.bind_tree(s.fd, s.st, d.path, DEV_ATTRS, source=d.host_path)
 
@@ -584,6 +587,8 @@ def _procfs_target(root: RootFS, path: str) -> int:
 def _gpu_procfs(root: RootFS, edits: ContainerEdits, src: _Sources) -> None:
     if not edits.procfs:
         return
+    root.expect_mounts([(f"{edits.procfs.path}/gpus/{name}", s.fd, s.st)
+                        for (_, name), s in zip(edits.procfs.gpu_dirs, src.gpu_dirs)])
     for (host_dir, name), s in zip(edits.procfs.gpu_dirs, src.gpu_dirs):
         root.bind_tree(s.fd, s.st, f"{edits.procfs.path}/gpus/{name}", PROC_ATTRS,
                        expect="dir", source=host_dir)

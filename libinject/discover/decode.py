@@ -134,9 +134,7 @@ def gpu(v: Any, where: Where, nvml: bool = False) -> model.Gpu:
     cc = _list(d["cc"], (where, ".cc"), lambda x, w: _int(x, w, 1 << 16))
     if len(cc) != 2:
         raise Invalid(f"{_w(where)}.cc: expected [major, minor]")
-    bus_id = _str(d["bus_id"], (where, ".bus_id"))
-    if not _is_bus_id(bus_id):
-        raise Invalid(f"{_w(where)}.bus_id: {bus_id[:40]!r} is not a PCI bus id")
+    bus_id = _bus_id(d["bus_id"], (where, ".bus_id"))
     migs = _list(d["mig_devices"], (where, ".mig_devices"), lambda x, w: mig_device(x, w, nvml))
     if [m.index for m in migs] != list(range(len(migs))):
         raise Invalid(f"{_w(where)}.mig_devices: not in index order")
@@ -192,6 +190,22 @@ def _node(v: Any, where: Where) -> model.DeviceNode:
                             capability=_str(d["capability"], (where, ".capability")))
 
 
+def _bus_id(v: Any, where: Where) -> str:
+    bus_id = _str(v, where)
+    if not _is_bus_id(bus_id):
+        raise Invalid(f"{_w(where)}: {bus_id[:40]!r} is not a PCI bus id")
+    return bus_id
+
+
+def _drm(v: Any, where: Where) -> model.DrmNode:
+    d = _obj(v, where, model.DrmNode)
+    by_path = _str(d["by_path"], (where, ".by_path"))
+    if by_path:
+        _path(by_path, (where, ".by_path"))
+    return model.DrmNode(bus_id=_bus_id(d["bus_id"], (where, ".bus_id")), node=_node(d["node"], (where, ".node")),
+                         by_path=by_path)
+
+
 def driver(v: Any) -> model.Driver:
     """A Driver from record.asdict(driver) (after a JSON round trip)."""
     d = _obj(v, "snapshot", model.Driver)
@@ -207,6 +221,7 @@ def driver(v: Any) -> model.Driver:
         info=driver_info(d["info"]),
         libraries=many("libraries", _library), binaries=many("binaries", _host_file),
         firmware=many("firmware", _host_file), ipcs=many("ipcs", _host_file),
+        graphics_files=many("graphics_files", _host_file), drm_devices=many("drm_devices", _drm),
         control_devices=many("control_devices", _node), gpu_devices=many("gpu_devices", _node),
         mig_minors=_minor_dict(d["mig_minors"], "mig_minors"),
         imex_channels=many("imex_channels", _node), cap_devices=many("cap_devices", _node),

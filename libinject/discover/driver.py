@@ -27,11 +27,13 @@ CONTROL_DEVICES = (("nvidiactl", ""), ("nvidia-uvm", "compute"), ("nvidia-uvm-to
 
 
 def _watch_dirs() -> list[str]:
+    from libinject.discover import graphics
     from libinject.discover import libraries as L
 
     return [*L.SEARCH_DIRS_64, *L.SEARCH_DIRS_32, *L.BIN_DIRS, "lib/firmware/nvidia",
             "run/nvidia-persistenced", "run/nvidia-fabricmanager", "run",
-            (os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIR).lstrip("/")]
+            (os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIR).lstrip("/"),
+            *graphics.watch_dirs()]
 
 
 _WATCH: list[str] | None = None  # computed once per process
@@ -243,6 +245,7 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
               timeout: float, user: tuple[int, int] | None) -> Driver:
     import glob
 
+    from libinject.discover import graphics
     from libinject.discover import libraries as L
     from libinject.discover import model
     from libinject.discover import nvml
@@ -308,9 +311,11 @@ def _discover(root: str, dev_root: str, cache: str, explicit_cache: bool,
     host_procfs = read_procfs(procfs, cap_keys)
     gpu_procfs = {g.bus_id: name for g in info.gpus
                   if (name := procfs_entry(host_procfs.gpus, g.bus_id)) is not None}
+    graphics_files, drm = graphics.discover(root, dev_root, ver, info.gpus)
     return Driver(
         root=root, dev_root=dev_root, info=info, libraries=tuple(libs),
         binaries=tuple(binaries), firmware=tuple(firmware), ipcs=tuple(ipcs),
+        graphics_files=graphics_files, drm_devices=drm,
         control_devices=tuple(control), gpu_devices=tuple(gpu_nodes), mig_minors=mig_minors,
         imex_channels=tuple(_numbered(os.path.join(dev, "nvidia-caps-imex-channels"), "channel",
                                       "/dev/nvidia-caps-imex-channels")),

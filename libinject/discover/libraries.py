@@ -52,7 +52,16 @@ LIBRARIES: tuple[tuple[str, str], ...] = (
     ("libGLESv1_CM_nvidia.so", "graphics"),
     ("libnvidia-glvkspirv.so", "graphics"),
     ("libnvidia-cbl.so", "graphics"),
+    # Not in nvidia-container-cli's lists: the EGL platform libraries NVIDIA's toolkit adds
+    # for graphics. They ship with the driver but carry versions of their own.
+    ("libnvidia-egl-gbm.so", "graphics"),
+    ("libnvidia-egl-wayland.so", "graphics"),
+    ("libnvidia-egl-wayland2.so", "graphics"),
+    ("libnvidia-egl-xcb.so", "graphics"),
+    ("libnvidia-egl-xlib.so", "graphics"),
 )
+OWN_VERSION = ("libnvidia-egl-gbm.so", "libnvidia-egl-wayland.so", "libnvidia-egl-wayland2.so",
+               "libnvidia-egl-xcb.so", "libnvidia-egl-xlib.so")
 
 BINARIES: tuple[tuple[str, str], ...] = (
     ("nvidia-smi", "utility"),
@@ -184,12 +193,12 @@ def select(entries: list[ldcache.Entry], root: str, version: str) -> list[model.
         if real is None or not os.path.isfile(real):
             continue
         name = os.path.basename(real)
-        if not name.endswith(suffix):
+        prefix = next((p for p, _ in LIBRARIES if e.name.startswith(p)), "") if cap else ""
+        if not name.endswith(suffix) and not (prefix in OWN_VERSION and name.startswith(prefix + ".")):
             continue  # another driver version's leftovers
         if (real, e.arch) in seen_real:
             continue
         if cap is not None:
-            prefix = next(p for p, _ in LIBRARIES if e.name.startswith(p))
             if (prefix, e.arch) in chosen:
                 continue
             seen_real.add((real, e.arch))

@@ -70,11 +70,11 @@ class Library:
 
 @record(frozen=True)
 class HostFile:
-    """A binary, firmware file or IPC socket/directory on the host."""
+    """A binary, firmware file, IPC socket/directory or graphics file on the host."""
     path: str             # host path
     container_path: str   # where it goes in the container, e.g. "/usr/bin/nvidia-smi"
     capability: str       # "utility" | "compute" | ... ("" for always)
-    kind: str             # "binary" | "firmware" | "ipc"
+    kind: str             # "binary" | "firmware" | "ipc" | "graphics" (ICD/vendor files, X modules)
 
 
 @record(frozen=True)
@@ -87,6 +87,14 @@ class DeviceNode:
 
 
 @record(frozen=True)
+class DrmNode:
+    """A GPU's DRM node (/dev/dri/cardN or renderDN), matched to the GPU by PCI bus id."""
+    bus_id: str           # Gpu.bus_id of its GPU (NVML format)
+    node: DeviceNode      # container path /dev/dri/<name>, capability "graphics"
+    by_path: str = ""     # "/dev/dri/by-path/pci-<bus>-card|render" when the host has that link
+
+
+@record(frozen=True)
 class Driver:
     """Everything discovery found under one driver root."""
     root: str                                  # driver root ("/", "/run/nvidia/driver", a sim dir)
@@ -96,11 +104,13 @@ class Driver:
     binaries: tuple[HostFile, ...] = ()
     firmware: tuple[HostFile, ...] = ()
     ipcs: tuple[HostFile, ...] = ()
+    graphics_files: tuple[HostFile, ...] = ()      # ICD/vendor files, app profiles, X modules and conf
     control_devices: tuple[DeviceNode, ...] = ()   # nvidiactl, nvidia-uvm(-tools), nvidia-modeset
     gpu_devices: tuple[DeviceNode, ...] = ()       # /dev/nvidia<minor>, in GPU index order
     mig_minors: dict[str, int] = field(default_factory=dict)  # "gpu0/gi1/ci0/access" -> minor; "config", "monitor"
     imex_channels: tuple[DeviceNode, ...] = ()
     cap_devices: tuple[DeviceNode, ...] = ()       # /dev/nvidia-caps/nvidia-cap<N> present on the host, by minor
+    drm_devices: tuple[DrmNode, ...] = ()          # each GPU's DRM nodes, in GPU order (card, then render)
     procfs_dir: str = ""                           # host path of proc/driver/nvidia
     library_source: str = ""                       # "ldcache <path>" or "search <dirs>": how libraries were found
     # What the masked /proc/driver/nvidia is made of, read by discovery so the planner

@@ -7,12 +7,13 @@ input that could change the answer, and reads it back only when the fingerprint 
 the host now is equal. The fingerprint holds, read fresh each time:
   - the driver's version, params and registry files and the boot id (driver reload,
     module parameters, reboot);
-  - dev/nvidia*, dev/nvidia-caps/*, dev/nvidia-caps-imex-channels/*: names, rdev,
-    inode and times (GPUs appearing/going, MIG and IMEX nodes);
+  - dev/nvidia*, dev/nvidia-caps/*, dev/nvidia-caps-imex-channels/*, dev/dri/*,
+    dev/dri/by-path/*: names, rdev, inode and times (GPUs appearing/going, MIG, IMEX
+    and DRM nodes; a DRM node comes and goes with its sysfs entry);
   - proc/driver/nvidia/gpus/*: every file's contents (GPU set and state), and
     proc/driver/nvidia/capabilities/**, nvidia-caps/mig-minors: contents (MIG layout);
-  - the ld.so.cache (inode, size, mtime), the library, binary and firmware
-    directories and the IPC paths (stat), and CUDA_MPS_PIPE_DIRECTORY.
+  - the ld.so.cache (inode, size, mtime), the library, binary, firmware and graphics
+    (ICD, X module) directories and the IPC paths (stat), and CUDA_MPS_PIPE_DIRECTORY.
 Contents rather than times where files are small, so a rewrite within one clock
 tick is still seen.
 
@@ -56,7 +57,7 @@ try:
 except ImportError:  # pragma: no cover
     from hmac import compare_digest as _compare_digest
 
-FORMAT = 2              # 2: sealed; Driver.procfs and Driver.gpu_procfs
+FORMAT = 3              # 2: sealed; Driver.procfs and Driver.gpu_procfs; 3: graphics files, DRM nodes
 DEFAULT_DIR = SNAPSHOT_DIR
 KEY_NAME = "snapshot.key"
 KEY_BYTES = 32
@@ -170,6 +171,8 @@ class HostView:
     dev: dict | None            # dev/nvidia*
     caps: dict | None           # dev/nvidia-caps/*
     imex: dict | None           # dev/nvidia-caps-imex-channels/*
+    dri: dict | None            # dev/dri/*
+    dri_paths: dict | None      # dev/dri/by-path/*
     gpus: dict | None           # proc/driver/nvidia/gpus/**
     capabilities: dict | None   # proc/driver/nvidia/capabilities/**
 
@@ -186,6 +189,8 @@ def view(root: str, dev_root: str) -> HostView:
         dev=_dev_listing(dev, "nvidia"),
         caps=_dev_listing(os.path.join(dev, "nvidia-caps")),
         imex=_dev_listing(os.path.join(dev, "nvidia-caps-imex-channels")),
+        dri=_dev_listing(os.path.join(dev, "dri")),
+        dri_paths=_dev_listing(os.path.join(dev, "dri/by-path")),
         gpus=_walk(os.path.join(drv, "gpus"), _read),
         capabilities=_walk(os.path.join(drv, "capabilities"), _text),
     )
@@ -198,7 +203,8 @@ def probe(root: str, dev_root: str, ldcache: str | None, watch_dirs: list[str]) 
         FORMAT, root, dev_root, ldcache,
         os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
         _read("/proc/sys/kernel/random/boot_id"),
-        v.procfs, v.version, v.params, v.registry, v.dev, v.caps, v.imex, v.gpus, v.capabilities,
+        v.procfs, v.version, v.params, v.registry, v.dev, v.caps, v.imex, v.dri, v.dri_paths,
+        v.gpus, v.capabilities,
         _st(ldcache) if ldcache else None,
         [[d, _st(os.path.join(root, d))] for d in watch_dirs],
     ]
@@ -418,7 +424,7 @@ def verify(driver, host: HostView) -> None:
 
     _need(driver.root == host.root and driver.dev_root == host.dev_root,
           f"made for root {driver.root[:200]}, dev root {driver.dev_root[:200]}")
-    for f in (*driver.libraries, *driver.binaries, *driver.firmware, *driver.ipcs):
+    for f in (*driver.libraries, *driver.binaries, *driver.firmware, *driver.ipcs, *driver.graphics_files):
         _need(_under(f.path, driver.root), f"host file {f.path[:200]} outside the driver root")
     gpus = driver.info.gpus
     # Each GPU: its gpus/ dir, and the kernel's own word on its minor and UUID there.
@@ -451,6 +457,11 @@ def verify(driver, host: HostView) -> None:
     _need(driver.imex_channels == _nodes_now(
         host.imex, os.path.join(dev, "nvidia-caps-imex-channels"), "/dev/nvidia-caps-imex-channels",
         _numbered(host.imex, "channel")), "IMEX channel nodes differ from dev/nvidia-caps-imex-channels")
+    if host.dri:    # a few readlinks and stats, only on hosts with DRM nodes
+        from libinject.discover.graphics import drm_nodes
+        _need(driver.drm_devices == drm_nodes(host.dev_root, gpus), "DRM nodes differ from dev/dri")
+    else:
+        _need(not driver.drm_devices, "DRM nodes but no dev/dri")
 
     # MIG: the table the driver publishes now, and the minors of each MIG device in it.
     table = mig_minors_for(host.mig_minors or "", gpus)

@@ -6,8 +6,8 @@ container; host paths are absolute on the host. Serialisable with to_dict/from_d
 (used by --dry-run --json and the snapshot cache).
 
 Mount kinds, in the order the live applier applies them (libinject/apply/live.py):
-    binary, library, firmware, ipc, procfs-gpu
-Device nodes: control devices first, then per-GPU, then MIG capabilities and IMEX.
+    binary, library, firmware, ipc, graphics, procfs-gpu
+Device nodes: control devices first, then per-GPU, DRM, then MIG capabilities and IMEX.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MOUNT_KINDS = ("binary", "library", "firmware", "ipc")
+MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics")
 
 
 @record(frozen=True)
@@ -26,7 +26,7 @@ class DeviceEdit:
     host_path: str            # node on the host to bind-mount
     major: int
     minor: int
-    kind: str = "gpu"         # "control" | "gpu" | "mig" | "imex"
+    kind: str = "gpu"         # "control" | "gpu" | "drm" | "mig" | "imex"
     type: str = "c"
     permissions: str = "rw"   # cgroup access
     file_mode: int = 0o666

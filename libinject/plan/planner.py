@@ -2,9 +2,17 @@
 
 What goes in follows libnvidia-container's nvc_driver_mount / nvc_device_mount, in
 the order the live applier applies it:
-procfs, binaries, libraries, symlinks, CUDA compat, firmware, IPC, control devices,
-GPU devices, MIG capabilities (nodes, and their /proc/driver/nvidia/capabilities files
-copied into the procfs edit), IMEX channels, ldconfig folders, cgroup rules.
+procfs, binaries, libraries, symlinks, CUDA compat, firmware, IPC, graphics files,
+control devices, GPU devices, their DRM nodes, MIG capabilities (nodes, and their
+/proc/driver/nvidia/capabilities files copied into the procfs edit), IMEX channels,
+ldconfig folders, cgroup rules.
+
+Graphics and display, beyond upstream's libraries (as NVIDIA's toolkit and Apptainer
+add them, libinject.discover.graphics): the loaders' ICD and vendor files, application
+profiles (graphics), the OpenCL ICD (compute), the X modules and xorg.conf.d files
+(display), each selected GPU's /dev/dri card and render nodes with their by-path links
+(graphics or display), and the links loaders expect (gbm/nvidia-drm_gbm.so,
+libnvidia-vulkan-producer.so, libglxserver_nvidia.so).
 
 Capability flags as upstream's options.h: utility = utility bins+libs, compute =
 compute bins+libs, video = video+compute libs, graphics = graphics libs, display =
@@ -23,7 +31,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from libinject.constants import FABRICMANAGER_SOCKET, NVIDIA_MAJOR, PERSISTENCED_SOCKET
+from libinject.constants import FABRICMANAGER_SOCKET, GLXSERVER, NVIDIA_MAJOR, PERSISTENCED_SOCKET
 from libinject.discover.libraries import DEBIAN_LIB_DIRS
 from libinject.plan import procfs as _procfs
 from libinject.plan import require as _require
@@ -47,6 +55,8 @@ LIB_OPTS = ("ro", "nosuid", "nodev", "bind")
 BIN_OPTS = ("ro", "nosuid", "nodev", "bind")
 FIRMWARE_OPTS = ("ro", "nosuid", "nodev", "bind")
 IPC_OPTS = ("nosuid", "nodev", "noexec", "bind")
+GRAPHICS_OPTS = ("ro", "nosuid", "nodev", "bind")
+ALLOCATOR = "libnvidia-allocator.so"
 
 
 @record(frozen=True)
@@ -108,7 +118,10 @@ def _libraries(driver: Driver, flags: Flags, lib_dir: str, lib32_dir: str) -> li
         if want32 and not flags.compat32:
             break
         for lib in driver.libraries:
-            if lib.compat32 != want32 or lib.capability not in caps:
+            if lib.compat32 != want32:
+                continue
+            # gbm's backend (gbm/nvidia-drm_gbm.so) is libnvidia-allocator: graphics needs it too
+            if lib.capability not in caps and not (flags.graphics_libs and lib.name.startswith(ALLOCATOR)):
                 continue
             dst = posixpath.join(lib32_dir if want32 else lib_dir, lib.name)
             if dst in seen:
@@ -118,7 +131,7 @@ def _libraries(driver: Driver, flags: Flags, lib_dir: str, lib32_dir: str) -> li
     return out
 
 
-def _symlinks(libs: Sequence[tuple[Library, MountEdit]]) -> list[SymlinkEdit]:
+def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False) -> list[SymlinkEdit]:
     out: dict[str, SymlinkEdit] = {}
     mounted = {m.container_path for _, m in libs}
 
@@ -141,7 +154,40 @@ def _symlinks(libs: Sequence[tuple[Library, MountEdit]]) -> list[SymlinkEdit]:
                 add("libGLX_nvidia.so.0", posixpath.join(d, "libGL.so.1"))
         elif name.startswith("libnvidia-opticalflow.so"):
             add("libnvidia-opticalflow.so.1", posixpath.join(d, "libnvidia-opticalflow.so"))
+        # The links NVIDIA's toolkit adds for graphics (internal/discover/graphics.go).
+        elif name.startswith(ALLOCATOR) and graphics and not lib.compat32 and lib.soname:
+            add(f"../{lib.soname}", posixpath.join(d, "gbm/nvidia-drm_gbm.so"))
+        elif name.startswith("libnvidia-vulkan-producer.so."):
+            add(name, posixpath.join(d, "libnvidia-vulkan-producer.so"))
     return list(out.values())
+
+
+def _graphics(driver: Driver, flags: Flags) -> tuple[list[MountEdit], list[SymlinkEdit]]:
+    """The graphics files the flags ask for, and the X server's link to its GLX module."""
+    caps = {c for c, on in (("graphics", flags.graphics_libs), ("display", flags.display),
+                            ("compute", flags.compute_libs)) if on}
+    mounts, links = [], []
+    for f in driver.graphics_files:
+        if f.capability not in caps:
+            continue
+        mounts.append(MountEdit(f.path, f.container_path, "graphics", GRAPHICS_OPTS))
+        d, name = posixpath.split(f.container_path)
+        if name.startswith(GLXSERVER + "."):
+            links.append(SymlinkEdit(target=name, link=posixpath.join(d, GLXSERVER)))
+    return mounts, links
+
+
+def _drm(driver: Driver, gpus: Sequence[Gpu]) -> tuple[list[DeviceEdit], list[SymlinkEdit]]:
+    """The selected GPUs' DRM nodes, and their by-path links where the host has them."""
+    buses = {g.bus_id for g in gpus}
+    nodes, links = [], []
+    for d in driver.drm_devices:
+        if d.bus_id in buses:
+            nodes.append(_dev(d.node, "drm"))
+            if d.by_path:
+                target = posixpath.relpath(d.node.container_path, posixpath.dirname(d.by_path))
+                links.append(SymlinkEdit(target=target, link=d.by_path))
+    return nodes, links
 
 
 def _rel_to_root(driver: Driver, f: HostFile) -> str:
@@ -226,7 +272,7 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
     mounts: list[MountEdit] = _binaries(driver, flags)
     libs = _libraries(driver, flags, lib_dir, lib32_dir)
     mounts += [m for _, m in libs]
-    symlinks = _symlinks(libs)
+    symlinks = _symlinks(libs, flags.graphics_libs)
     compat = None
     if request.cuda_compat_mode not in ("disabled", "") and flags.compute_libs:
         if request.cuda_compat_mode not in ("mount", "ldconfig"):
@@ -240,6 +286,9 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
         mounts += [MountEdit(f.path, _rel_to_root(driver, f), "firmware", FIRMWARE_OPTS)
                    for f in driver.firmware]
     mounts += _ipcs(driver, request, flags)
+    graphics, graphics_links = _graphics(driver, flags)
+    mounts += graphics
+    symlinks += graphics_links
 
     devices: list[DeviceEdit] = []
     for n in driver.control_devices:
@@ -250,6 +299,10 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
         devices.append(_dev(n, "control"))
     for g in sel.gpus:
         devices.append(_gpu_node(driver, g))
+    if flags.graphics_libs:
+        drm, drm_links = _drm(driver, sel.whole_gpus)
+        devices += drm
+        symlinks += drm_links
     caps = {n.minor: n for n in driver.cap_devices}
     extra_rules: list[CgroupRule] = []
     proc_caps: list[str] = []       # files under /proc/driver/nvidia to copy into the tmpfs

@@ -203,6 +203,14 @@ class Selection:
     imex: tuple[DeviceNode, ...] = ()             # IMEX channel nodes
 
     @property
+    def whole_gpus(self) -> tuple[Gpu, ...]:
+        """Visible GPUs that are not there as a MIG device's parent (a MIG device has no
+        display engine: DRM nodes go with whole GPUs, as NVIDIA's toolkit matches them to
+        GPU ids, never MIG ids)."""
+        parents = {g.bus_id for g, _ in self.migs}
+        return tuple(g for g in self.gpus if g.bus_id not in parents)
+
+    @property
     def mig_access(self) -> tuple[tuple[Gpu, MigDevice], ...]:
         """MIG devices whose access capabilities the container gets: none once mig-config or
         mig-monitor is asked, as configure.c and list.c (the GPU-wide caps stand in)."""

@@ -1,7 +1,8 @@
 """What a container sees of the driver, to compare containers made different ways.
 
-SNAPSHOT (a sh script, run inside with `sh -c`) prints the device nodes, driver files
-(size + checksum), symlinks, /proc/driver/nvidia, the ld cache and nvidia-smi's view;
+SNAPSHOT (a sh script, run inside with `sh -c`) prints the device nodes (DRM nodes
+too), driver files (size + checksum; graphics files and X modules too), symlinks,
+/proc/driver/nvidia, the ld cache and nvidia-smi's view;
 snapshot_lines() makes its output comparable. open_verdicts() reads the lines
 `open MINOR <dd's error or OK>` a probe script prints into {minor: "OK", "EPERM", ...}.
 """
@@ -13,7 +14,7 @@ from support.runc import open_result
 
 SNAPSHOT = r'''
 cd /
-for f in $( (find /dev -maxdepth 2 -name 'nvidia*'; find /usr/lib/x86_64-linux-gnu /usr/lib/i386-linux-gnu /usr/bin /lib/firmware /proc/driver/nvidia /tmp/nvidia-mps /usr/lib64 -maxdepth 7; find /run -maxdepth 2 -name 'nvidia*') 2>/dev/null | sort -u); do
+for f in $( (find /dev -maxdepth 2 -name 'nvidia*'; find /usr/lib/x86_64-linux-gnu /usr/lib/i386-linux-gnu /usr/bin /lib/firmware /proc/driver/nvidia /tmp/nvidia-mps /usr/lib64 /dev/dri /etc/vulkan /etc/glvnd /etc/OpenCL /usr/share /usr/local/share /usr/lib/xorg -maxdepth 7; find /run -maxdepth 2 -name 'nvidia*') 2>/dev/null | sort -u); do
   if [ -L "$f" ]; then echo "L $f -> $(readlink "$f")"
   elif [ -c "$f" ]; then echo "C $f $(stat -c '%t:%T' "$f")"
   elif [ -d "$f" ]; then echo "D $f"
