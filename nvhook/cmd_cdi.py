@@ -2,7 +2,10 @@
 
 generate: discover the driver once, plan every GPU / MIG device (and "all") with the
 same planner as the hook, and write the CDI spec (libinject.apply.cdi); atomically to
---output, or to stdout.
+--output, or to stdout. --mode picks what the spec holds, as nvidia-ctk's modes: gpu
+(nvidia.com/gpu), imex (nvidia.com/imex-channel) and mig-caps (nvidia.com/mig-caps);
+several modes write several files (the first --output, the others with ".<class>" before
+its extension, as nvidia-ctk names the specs it splits off).
 refresh: the same spec, written to --output (default /var/run/cdi/nvidia.yaml) only
 when its bytes change; --watch keeps it current as the driver and its GPUs change
 (kernel uevents, and a fingerprint check every --interval s: libinject.apply.cdi_refresh).
@@ -21,9 +24,22 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
     p.description = "Generate, refresh, list and validate CDI specs."
     sub = p.add_subparsers(dest="cdi_command", metavar="SUBCOMMAND", required=True)
-    g = sub.add_parser("generate", help="write a CDI spec for this host's GPUs")
-    g.add_argument("--output", "-o", default="", help="spec file to write (default: stdout)")
+    g = sub.add_parser(
+        "generate", help="write a CDI spec for this host's GPUs",
+        description="Write a CDI spec for this host: with --mode gpu (the default) a device per "
+                    "GPU and MIG device under each naming strategy, plus 'all'; --mode imex a "
+                    "device per IMEX channel (nvidia.com/imex-channel=<N>), plus 'all'; --mode "
+                    "mig-caps the MIG capability devices nvidia.com/mig-caps=config and =monitor, "
+                    "plus 'all'. Each device is planned as the hook plans that request.")
+    g.add_argument("--output", "-o", default="",
+                   help="spec file to write (default: stdout); with several modes, the first "
+                        "mode's, and each other mode's is this name with '.<class>' before "
+                        "the extension (nvidia.yaml -> nvidia.imex-channel.yaml)")
     _spec_arguments(g)
+    g.add_argument("--mode", action="append", default=[], metavar="MODE[,MODE]",
+                   help="what to generate (repeat or comma list): gpu (GPUs and MIG devices; "
+                        "alias nvml), imex (IMEX channels), mig-caps (MIG config/monitor "
+                        "capabilities); default gpu")
     r = sub.add_parser(
         "refresh", help="rewrite the CDI spec if the driver or GPUs changed (--watch: keep it current)",
         description="Generate the CDI spec (as `cdi generate`) and write it atomically to "
@@ -38,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     r.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
                    help=f"spec file to keep current (default {DEFAULT_OUTPUT})")
     _spec_arguments(r)
+    r.add_argument("--mode", action="append", default=[], metavar="MODE",
+                   help="what the spec holds: gpu (default), imex or mig-caps (one mode: "
+                        "one file to keep current)")
     r.add_argument("--watch", action="store_true",
                    help="keep running: refresh when uevents or the periodic check show a change")
     r.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
@@ -61,7 +80,9 @@ def _spec_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=("json", "yaml"), default=None,
                    help="output format (default: from --output's extension, else json)")
     g.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default nvidia.com)")
-    g.add_argument("--class", dest="cls", default="gpu", help="CDI class (default gpu)")
+    g.add_argument("--class", dest="cls", default=None,
+                   help="CDI class (default: gpu; imex-channel with --mode imex; mig-caps with "
+                        "--mode mig-caps); one mode only")
     g.add_argument("--device-name-strategy", action="append", default=[],
                    help="index, uuid, type-index (repeat or comma list; default index,uuid)")
     g.add_argument("--driver-root", default=None,
@@ -75,6 +96,14 @@ def _spec_arguments(g: argparse.ArgumentParser) -> None:
                    help="nvhook executable the spec's hooks run (default: this one)")
     g.add_argument("--no-mask-procfs", action="store_true",
                    help="leave /proc/driver/nvidia unmasked (no mask-procfs hook)")
+    g.add_argument("--device-id", "--device-ids", dest="device_id", action="append", default=[],
+                   metavar="IDS",
+                   help="gpu mode: the devices to generate (repeat or comma list): all (default), "
+                        "GPU/MIG indexes, UUIDs or PCI bus ids, and 'none', the driver-only "
+                        "device nvidia.com/gpu=none (driver libraries, binaries and control "
+                        "nodes, no GPU); 'none' alone also leaves out 'all', as nvidia-ctk")
+    g.add_argument("--no-all-device", action="store_true",
+                   help="do not generate the 'all' device")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,9 +111,21 @@ def run(args: argparse.Namespace) -> int:
             "validate": _validate}[args.cdi_command](args)
 
 
+def _modes(args: argparse.Namespace) -> list[str]:
+    """--mode's modes, in order (default gpu)."""
+    from libinject.apply import cdi
+    from libinject.errors import NvhookError
+
+    modes = [cdi.mode_of(m) for v in args.mode for m in v.split(",") if m.strip()] or ["gpu"]
+    if len(set(modes)) != len(modes):
+        raise NvhookError(f"invalid mode {','.join(modes)}: a mode given twice")
+    return modes
+
+
 def _spec_maker(args: argparse.Namespace):
-    """(discovery options, render(driver) -> spec text) from the command line and the
-    config; every option is checked here, before anything is discovered."""
+    """(discovery options, [(file infix, render(driver) -> spec text)] one per mode) from
+    the command line and the config; every option is checked here, before anything is
+    discovered."""
     from libinject import config
     from libinject.apply import cdi
     from libinject.constants import ALL_CAPABILITIES
@@ -98,35 +139,62 @@ def _spec_maker(args: argparse.Namespace):
         options = replace(options, dev_root=args.dev_root)
     strategies = [s.strip() for v in (args.device_name_strategy or ["index,uuid"])
                   for s in v.split(",") if s.strip()]
+    cdi.check_strategies(strategies)
     caps = {c.strip() for c in args.capabilities.split(",") if c.strip()}
     bad = caps - {"all", *ALL_CAPABILITIES}
     if bad:
         raise NvhookError(f"unknown capability {','.join(sorted(bad))} "
                           f"(allowed: all,{','.join(ALL_CAPABILITIES)})")
-    cdi.check_kind(f"{args.vendor}/{args.cls}")
+    modes = _modes(args)
+    if args.cls is not None and len(modes) > 1:
+        raise NvhookError("--class names one spec's class: give one --mode with it")
+    device_ids = cdi.check_device_ids(args.device_id or ["all"])
+    if args.device_id and "gpu" not in modes:
+        raise NvhookError("--device-id selects GPU devices: it needs --mode gpu")
+    classes = {m: args.cls or cdi.MODES[m] for m in modes}
+    for m in modes:
+        cdi.check_kind(f"{args.vendor}/{classes[m]}")
     fmt = args.format or (cdi.format_of(args.output) if args.output else "json")
     hook = cdi.HookOptions(path=args.hook_path or cdi.default_hook_path(),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
                            config=args.config or "")
 
-    def render(driver) -> str:
-        spec = cdi.generate(driver, vendor=args.vendor, cls=args.cls, strategies=strategies,
-                            capabilities=caps, hook=hook, lib_dir=args.lib_dir,
-                            mask_procfs=not args.no_mask_procfs)
-        return cdi.dump(spec, fmt)
+    def renderer(mode: str):
+        def render(driver) -> str:
+            spec = cdi.generate(driver, vendor=args.vendor, cls=classes[mode], strategies=strategies,
+                                capabilities=caps, hook=hook, lib_dir=args.lib_dir,
+                                mask_procfs=not args.no_mask_procfs, mode=mode,
+                                devices=device_ids, all_device=not args.no_all_device)
+            return cdi.dump(spec, fmt)
+        return render
 
-    return options, render
+    return options, [("" if i == 0 else f".{classes[m]}", renderer(m)) for i, m in enumerate(modes)]
+
+
+def output_name(path: str, infix: str) -> str:
+    """path with infix before its extension (nvidia-ctk's generatedSpecs.updateFilename)."""
+    import os
+
+    if not infix:
+        return path
+    ext = os.path.splitext(os.path.basename(path))[1]
+    return path[:len(path) - len(ext)] + infix + ext
 
 
 def _generate(args: argparse.Namespace) -> int:
     from libinject.apply import cdi
+    from libinject.errors import NvhookError
 
-    options, render = _spec_maker(args)
-    text = render(options.discover())
-    if args.output:
-        cdi.write_atomic(args.output, text)
-    else:
-        sys.stdout.write(text)
+    options, renders = _spec_maker(args)
+    if len(renders) > 1 and not args.output:
+        raise NvhookError("several modes write several specs: give --output")
+    driver = options.discover()
+    texts = [(output_name(args.output, infix), render(driver)) for infix, render in renders]
+    if not args.output:
+        sys.stdout.write(texts[0][1])
+        return 0
+    for path, text in texts:        # every spec rendered before any is written
+        cdi.write_atomic(path, text)
     return 0
 
 
@@ -140,7 +208,10 @@ def _refresh(args: argparse.Namespace) -> int:
         raise NvhookError("--output must name a file")
     if args.watch:
         cdi_refresh.check_timing(args.interval, args.debounce)
-    options, render = _spec_maker(args)
+    options, renders = _spec_maker(args)
+    if len(renders) > 1:
+        raise NvhookError("refresh keeps one spec current: give one --mode")
+    render = renders[0][1]
     if args.output == cdi_refresh.DEFAULT_OUTPUT:
         try:    # the runtimes' spec dir, as nvidia-cdi-refresh makes it
             os.makedirs(os.path.dirname(args.output), mode=0o755, exist_ok=True)

@@ -71,6 +71,27 @@ def test_generated_spec_validates_for_every_profile(sim_host, tmp_path, profile)
     assert names == want + ["all"]
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_none_and_mig_caps_validate_for_every_profile(sim_host, tmp_path, profile):
+    """The driver-only device beside every other, and the MIG capability spec where the
+    host is MIG capable (IMEX: test_cdi_devices.py, the simulator makes no channels)."""
+    from libinject.apply import cdi_validate
+
+    host = sim_host(profile)
+    out = tmp_path / "nvidia.yaml"
+    spec = generate(host, "--device-id", "all,none", out=out)
+    assert [d["name"] for d in spec["devices"]][-2:] == ["all", "none"]
+    assert list(official_validator().iter_errors(spec)) == [] and cdi_validate.validate_file(str(out)) == []
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "--mode", "mig-caps"])
+    if any(g.mig_capable for g in driver_of(host).info.gpus):
+        assert r.returncode == 0, r.stderr
+        caps = json.loads(r.stdout)
+        assert [d["name"] for d in caps["devices"]] == ["config", "monitor", "all"]
+        assert list(official_validator().iter_errors(caps)) == [] and cdi_validate.validate(caps) == []
+    else:
+        assert (r.returncode, r.stdout) == (1, "") and "not MIG capable" in r.stderr
+
+
 def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     from libinject.plan import planner as P
     from libinject.request.model import Request
@@ -124,7 +145,8 @@ def test_strategies_and_kind(sim_host):
 def test_bad_options_fail_cleanly(sim_host, tmp_path):
     host = sim_host("t4x1")
     for extra in (["--device-name-strategy", "bogus"], ["--vendor=-bad"], ["--class", "a/b"],
-                  ["--capabilities", "compute,warp"]):
+                  ["--capabilities", "compute,warp"], ["--mode", "nope"], ["--device-id", "void"],
+                  ["--mode", "imex"], ["--mode", "mig-caps"]):
         r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(tmp_path / "x.json"),
                  *extra])
         assert r.returncode == 1 and r.stderr.startswith("nvhook: "), (extra, r.stderr)

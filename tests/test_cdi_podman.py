@@ -8,7 +8,9 @@ storage.conf and state dir; an empty hooks dir; `--rootfs DIR:O` (throw-away ove
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 import pytest
 
@@ -70,3 +72,110 @@ def test_podman_rejects_unknown_cdi_device(cdi_setup):
     host, driver, specs, rootfs, base = cdi_setup
     r = Podman(base / "s-bad").run(rootfs, ["true"], cdi_specs=specs, devices=["nvidia.com/gpu=99"])
     assert r.returncode != 0 and "nvidia.com/gpu=99" in r.stderr
+
+
+# --- IMEX channels, MIG capabilities and the driver-only device ----------------------------
+
+IMEX_MAJOR = 237            # unregistered here: an allowed open reaches no driver (ENXIO)
+CHANNELS = (0, 1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def extra_setup(tmp_path_factory):
+    """(host, driver, spec dir, rootfs, state) for a copy of h100x8-mig with IMEX channel
+    nodes channel0..3 (the simulator makes none), and the three specs one
+    `cdi generate --mode gpu,imex,mig-caps --device-id all,none` writes."""
+    from libinject.discover.driver import discover
+    from libinject.sim.build import create_host
+    from libinject.sim.rootfs import build_rootfs
+
+    base = tmp_path_factory.mktemp("cdiextra")
+    host = create_host(base / "host", profile="h100x8-mig")
+    chans = host / "dev/nvidia-caps-imex-channels"
+    chans.mkdir()
+    for n in CHANNELS:
+        os.mknod(chans / f"channel{n}", 0o666 | stat.S_IFCHR, os.makedev(IMEX_MAJOR, n))
+    specs = base / "specs"
+    specs.mkdir()
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "--mode", "gpu,imex,mig-caps",
+             "--device-id", "all,none", "-o", str(specs / "nvidia.yaml")])
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in specs.iterdir()) == [
+        "nvidia.imex-channel.yaml", "nvidia.mig-caps.yaml", "nvidia.yaml"]
+    rootfs = build_rootfs(base / "rootfs")
+    with state_dir() as state:
+        yield host, discover(str(host), snapshot=False), specs, rootfs, state
+
+
+def probe(nodes: dict[int, tuple[str, int]]) -> str:
+    """A script printing `open MINOR <verdict>` for each node {minor: (path, major)}: the
+    node the container has, else one it makes itself (the cgroup still decides)."""
+    lines = []
+    for minor, (path, major) in nodes.items():
+        lines.append(f'if [ -e {path} ]; then p={path}; else mknod /dev/probe{minor} c {major} {minor}; '
+                     f'p=/dev/probe{minor}; fi; if dd if=$p of=/dev/null count=0 2>/tmp/e; then '
+                     f'echo "open {minor} OK"; else echo "open {minor} $(cat /tmp/e)"; fi')
+    return "\n".join(lines)
+
+
+def test_podman_imex_channel_device(extra_setup):
+    host, driver, specs, rootfs, base = extra_setup
+    chan = {n: (f"/dev/nvidia-caps-imex-channels/channel{n}", IMEX_MAJOR) for n in CHANNELS}
+    script = "ls /dev/nvidia-caps-imex-channels; ls /dev | grep -c '^nvidia[0-9]' || true\n" + probe(chan)
+    r = Podman(base / "s-imex").run(rootfs, ["sh", "-c", script], cdi_specs=specs,
+                                    devices=["nvidia.com/imex-channel=1"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    assert out[:2] == ["channel1", "0"]         # that channel only, and no GPU
+    # the cgroup allows channel 1 (the open reaches the missing driver), denies the others
+    assert open_verdicts(r.stdout) == {0: "EPERM", 1: "ENXIO", 2: "EPERM", 3: "EPERM"}
+
+
+def test_podman_mig_config_device(extra_setup):
+    host, driver, specs, rootfs, base = extra_setup
+    caps_major = os.major(os.stat(host / "dev/nvidia-caps/nvidia-cap1").st_rdev)
+    cfg, mon = driver.mig_minors["config"], driver.mig_minors["monitor"]
+    script = "ls /dev/nvidia-caps; ls /dev | grep -c '^nvidia[0-9]' || true\n" + probe(
+        {cfg: (f"/dev/nvidia-caps/nvidia-cap{cfg}", caps_major),
+         mon: (f"/dev/nvidia-caps/nvidia-cap{mon}", caps_major)})
+    r = Podman(base / "s-mig").run(rootfs, ["sh", "-c", script], cdi_specs=specs,
+                                   devices=["nvidia.com/mig-caps=config"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[:2] == ["nvidia-cap1", "0"]
+    assert open_verdicts(r.stdout) == {cfg: "ENXIO", mon: "EPERM"}
+
+
+def test_podman_gpu_with_mig_monitor_gets_its_procfs_file(extra_setup):
+    """A GPU and the monitor capability from two specs: the GPU spec's mask-procfs hook
+    sees the capability node and copies its capabilities/mig/monitor file in."""
+    host, driver, specs, rootfs, base = extra_setup
+    script = "ls /dev/nvidia-caps; find /proc/driver/nvidia/capabilities -type f | sort; ls /proc/driver/nvidia/gpus"
+    r = Podman(base / "s-migmon").run(rootfs, ["sh", "-c", script], cdi_specs=specs,
+                                      devices=["nvidia.com/gpu=1", "nvidia.com/mig-caps=monitor"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["nvidia-cap2", "/proc/driver/nvidia/capabilities/mig/monitor",
+                                     driver.info.gpus[1].procfs_name]
+
+
+def test_podman_driver_only_device(extra_setup):
+    """nvidia.com/gpu=none: the driver's libraries, binaries and control nodes, no GPU:
+    no /dev/nvidia<N>, every GPU minor denied by the cgroup, no GPU under /proc."""
+    host, driver, specs, rootfs, base = extra_setup
+    gpus = driver.info.gpus
+    script = ("ls /dev | grep '^nvidia' | sort | tr '\\n' ' '; echo; "
+              "ls /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/bin/nvidia-smi; "
+              "echo gpus $(ls /proc/driver/nvidia/gpus | wc -l)\n"
+              + probe({g.minor: (f"/dev/nvidia{g.minor}", 195) for g in gpus}))
+    r = Podman(base / "s-none").run(rootfs, ["sh", "-c", script], cdi_specs=specs,
+                                    devices=["nvidia.com/gpu=none"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    assert out[0].split() == ["nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+    assert out[1:4] == ["/usr/bin/nvidia-smi", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "gpus 0"]
+    assert open_verdicts(r.stdout) == {g.minor: "EPERM" for g in gpus}
+    # the same device with a GPU next to it: that GPU only
+    r = Podman(base / "s-none1").run(rootfs, ["sh", "-c", probe({g.minor: (f"/dev/nvidia{g.minor}", 195)
+                                                                  for g in gpus})],
+                                     cdi_specs=specs, devices=["nvidia.com/gpu=none", "nvidia.com/gpu=2"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert open_verdicts(r.stdout) == {g.minor: ("ENXIO" if g.index == 2 else "EPERM") for g in gpus}

@@ -5,7 +5,11 @@ device with libinject.plan.planner exactly as the hook would (a Request per devi
 serialises those ContainerEdits. What every device's plan shares (libraries, binaries,
 firmware, IPC, control devices, symlinks, ldconfig) goes to the spec-level
 containerEdits; what is left per device (its /dev/nvidiaN, MIG capability nodes) goes
-to the device.
+to the device. Beside the GPU spec, as nvidia-ctk's --mode: an IMEX channel spec
+(nvidia.com/imex-channel=<N>) and a MIG capability spec (nvidia.com/mig-caps=config,
+=monitor), their nodes planned as the hook plans NVIDIA_IMEX_CHANNELS and
+NVIDIA_MIG_CONFIG_DEVICES / NVIDIA_MIG_MONITOR_DEVICES; and, asked for, the driver-only
+device nvidia.com/gpu=none (NVIDIA_VISIBLE_DEVICES=none).
 
 What a CDI spec cannot say directly becomes a createContainer hook calling our own
 `nvhook cdi-hook` (explicit env, paths resolved inside the rootfs by libinject.apply.rootfs):
@@ -181,6 +185,24 @@ def subtract(edits: ContainerEdits, base: ContainerEdits) -> ContainerEdits:
 
 # --- generate ----------------------------------------------------------------------------
 
+# What `cdi generate --mode` makes, as nvidia-ctk's modes (pkg/nvcdi/mode.go) and the class
+# each defaults to (pkg/nvcdi/options.go getClassOrDefault): "gpu" is nvidia-ctk's nvml
+# mode (every GPU and MIG device), "imex" one device per IMEX channel
+# (pkg/nvcdi/lib-imex.go), "mig-caps" the MIG "config" and "monitor" capability devices
+# (toolkit 1.20, pkg/nvcdi/lib-mig-caps.go).
+MODES = {"gpu": DEFAULT_CLASS, "imex": "imex-channel", "mig-caps": "mig-caps"}
+MODE_ALIASES = {"nvml": "gpu", "auto": "gpu"}
+NONE_DEVICE = "none"
+MIG_CAPS = ("config", "monitor")
+
+
+def mode_of(name: str) -> str:
+    mode = MODE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if mode not in MODES:
+        raise NvhookError(f"invalid mode {name!r} (allowed: {', '.join(MODES)})")
+    return mode
+
+
 @record(frozen=True)
 class DeviceId:
     """One CDI device: its names under the chosen strategies and its selection id."""
@@ -188,13 +210,17 @@ class DeviceId:
     names: tuple[str, ...]
 
 
-def device_ids(info, strategies: Sequence[str]) -> list[DeviceId]:
-    """Every GPU and MIG device, named by each strategy: index "0" / "0:1",
-    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1"."""
+def check_strategies(strategies: Sequence[str]) -> None:
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
         raise NvhookError(f"invalid device-name-strategy {','.join(bad) or '(none)'} "
                           f"(allowed: {','.join(STRATEGIES)})")
+
+
+def device_ids(info, strategies: Sequence[str]) -> list[DeviceId]:
+    """Every GPU and MIG device, named by each strategy: index "0" / "0:1",
+    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1"."""
+    check_strategies(strategies)
     out: list[DeviceId] = []
     for g in info.gpus:
         names = {"index": str(g.index), "uuid": g.uuid, "type-index": f"gpu{g.index}"}
@@ -207,12 +233,43 @@ def device_ids(info, strategies: Sequence[str]) -> list[DeviceId]:
     return out
 
 
-def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str = DEFAULT_CLASS,
-             strategies: Sequence[str] = ("index", "uuid"),
-             capabilities: Iterable[str] = ("all",), hook: HookOptions,
-             lib_dir: str | None = None, lib32_dir: str | None = None,
-             mask_procfs: bool = True) -> dict[str, Any]:
-    """The CDI spec (a dict) for every GPU and MIG device of `driver`, plus "all"."""
+def _tokens(ids: Iterable[str]) -> list[str]:
+    return [t.strip() for i in ids for t in i.split(",") if t.strip()]
+
+
+def check_device_ids(ids: Iterable[str]) -> list[str]:
+    """--device-id's ids as a list; "none" stands alone or beside others, "void" is no id."""
+    toks = _tokens(ids)
+    if not toks:
+        raise NvhookError("invalid device-id: empty list (all, none or device ids)")
+    for t in toks:
+        if t.lower() == "void":
+            raise NvhookError("invalid device-id void (all, none or device ids)")
+    return toks
+
+
+def select_ids(info, strategies: Sequence[str], ids: Sequence[str]) -> tuple[list[DeviceId], bool, bool]:
+    """(the GPU/MIG devices --device-id asks for, whether it asks for every one, whether
+    it asks for the driver-only "none" device). Ids are NVIDIA_VISIBLE_DEVICES ids (index,
+    GPU-/MIG- UUID, PCI bus id, <gpu>:<mig>) or "all"; the devices keep the host's order."""
+    from libinject.plan import select as _select
+
+    every = device_ids(info, strategies)
+    toks = check_device_ids(ids)
+    want_none = any(t.lower() == NONE_DEVICE for t in toks)
+    rest = [t for t in toks if t.lower() != NONE_DEVICE]
+    if any(t.lower() == "all" for t in rest):
+        return every, True, want_none
+    keys = set()
+    for t in rest:
+        for s in _select.select(info, t):
+            keys.add(s.gpu.index if s.mig is None else f"{s.gpu.index}:{s.mig.index}")
+    chosen = [d for d in every if (int(d.select) if d.select.isdigit() else d.select) in keys]
+    return chosen, len(chosen) == len(every), want_none
+
+
+def _planner(driver, capabilities: Iterable[str], lib_dir: str | None, lib32_dir: str | None):
+    """plan(**request fields) -> ContainerEdits, as the hook would plan that request."""
     from libinject.plan import planner as _plan
     from libinject.request.model import Request
 
@@ -220,35 +277,133 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str = DEFAULT_CLASS,
           "lib32_dir": lib32_dir or _plan.DEBIAN_LIB_DIRS[1]}
     caps = frozenset(capabilities)
 
-    def plan(ids: str) -> ContainerEdits:
+    def plan(**request: Any) -> ContainerEdits:
         # cuda-compat needs the image; a spec has none (documented limitation).
-        return _plan.plan(Request(devices=ids, capabilities=caps, cuda_compat_mode="disabled"),
+        return _plan.plan(Request(capabilities=caps, cuda_compat_mode="disabled", **request),
                           driver, **kw)
 
-    base = plan("none")
+    return plan
+
+
+def _spec(vendor: str, cls: str, devices: list[dict[str, Any]],
+          edits: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": f"{vendor}/{cls}", "devices": devices,
+                            "containerEdits": edits}
+    check_kind(spec["kind"])
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def _with_all(devices: list[dict[str, Any]], nodes: Iterable[DeviceEdit], hook: HookOptions,
+              all_device: bool) -> list[dict[str, Any]]:
+    """The devices, then (unless all_device is false) "all" with every node of them."""
+    if all_device and devices:
+        devices.append({"name": "all", "containerEdits": to_cdi(
+            ContainerEdits(device_nodes=tuple(dict.fromkeys(nodes))), hook)})
+    return devices
+
+
+def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
+             strategies: Sequence[str] = ("index", "uuid"),
+             capabilities: Iterable[str] = ("all",), hook: HookOptions,
+             lib_dir: str | None = None, lib32_dir: str | None = None,
+             mask_procfs: bool = True, mode: str = "gpu",
+             devices: Sequence[str] = ("all",), all_device: bool = True) -> dict[str, Any]:
+    """The CDI spec (a dict) of one mode (MODES): "gpu" (default), for every GPU and MIG
+    device of `driver` (or those `devices` names; "none": the driver-only device), plus
+    "all"; "imex", a device per IMEX channel plus "all"; "mig-caps", the MIG "config" and
+    "monitor" capability devices plus "all". `all_device` false: no "all" device."""
+    mode = mode_of(mode)
+    cls = cls or MODES[mode]
+    plan = _planner(driver, capabilities, lib_dir, lib32_dir)
+    if mode == "imex":
+        return _imex_spec(driver, plan, vendor, cls, hook, all_device)
+    if mode == "mig-caps":
+        return _mig_caps_spec(driver, plan, vendor, cls, hook, all_device)
+
+    base = plan(devices="none")
     if mask_procfs and base.procfs is not None and driver.procfs_dir:
         hook = replace(hook, procfs_dir=driver.procfs_dir)
     else:
         hook = replace(hook, procfs_dir="")
-    devices: list[dict[str, Any]] = []
+    ids, every, want_none = select_ids(driver.info, strategies, devices)
+    out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    ids = device_ids(driver.info, strategies)
-    for d in [*ids, DeviceId("all", ("all",))] if ids else []:
-        edits = to_cdi(subtract(plan(d.select), base), hook)
+    # "all": the plan for every device when every device is asked for, else for those asked.
+    merged = DeviceId("all" if every else ",".join(d.select for d in ids), ("all",))
+    # nvidia-ctk: asking for "none" leaves the "all" device out (generate.go validateFlags);
+    # here only when "none" is all that is asked for.
+    with_all = all_device and not (want_none and not ids)
+    for d in [*ids, merged] if ids and with_all else ids:
+        edits = to_cdi(subtract(plan(devices=d.select), base), hook)
         if not edits:
             raise NvhookError(f"device {d.select}: its plan adds nothing to the driver's")
         for name in d.names:
             if name in seen:
                 continue
             seen.add(name)
-            devices.append({"name": name, "containerEdits": edits})
-    if not devices:
+            out.append({"name": name, "containerEdits": edits})
+    if want_none:
+        out.append({"name": NONE_DEVICE, "containerEdits": none_edits(base, hook)})
+    if not out:
         raise NvhookError("no GPUs found: a CDI spec needs at least one device")
-    spec: dict[str, Any] = {"cdiVersion": "", "kind": f"{vendor}/{cls}", "devices": devices,
-                            "containerEdits": to_cdi(base, hook, env=SPEC_ENV, procfs=True)}
-    check_kind(spec["kind"])
-    spec["cdiVersion"] = minimum_version(spec)
-    return spec
+    return _spec(vendor, cls, out, to_cdi(base, hook, env=SPEC_ENV, procfs=True))
+
+
+def none_edits(base: ContainerEdits, hook: HookOptions) -> dict[str, Any]:
+    """The driver-only device (nvidia-ctk --device-id none, NVIDIA_VISIBLE_DEVICES=none):
+    the driver's files are the spec-level edits every device of the spec gets, and no GPU.
+    A CDI device may not have empty edits, so it names the driver's control nodes
+    (/dev/nvidiactl, /dev/nvidia-uvm, ...) again: runtimes replace a node already added
+    for the same path, so the container gets them once."""
+    control = tuple(d for d in base.device_nodes if d.kind == "control")
+    if control:
+        return to_cdi(ContainerEdits(device_nodes=control), hook)
+    return {"env": list(SPEC_ENV)}
+
+
+def _imex_spec(driver, plan, vendor: str, cls: str, hook: HookOptions,
+               all_device: bool) -> dict[str, Any]:
+    """nvidia-ctk --mode imex (pkg/nvcdi/lib-imex.go): a device per channel, named by its
+    number, with its node /dev/nvidia-caps-imex-channels/channel<N>; spec-level edits only
+    NVIDIA_VISIBLE_DEVICES=void (the driver comes from the GPU spec). The nodes are the
+    planner's (Request.imex_channels), so type, major, minor and access are the hook's."""
+    base = plan(devices="none")
+    nodes = [d for d in subtract(plan(devices="none", imex_channels="all"), base).device_nodes
+             if d.kind == "imex"]
+    if not nodes:
+        root = driver.dev_root or driver.root
+        raise NvhookError(f"no IMEX channels found ({os.path.join(root, 'dev/nvidia-caps-imex-channels')}"
+                          "/channel*): a CDI spec needs at least one device")
+    out = [{"name": d.path.rsplit("channel", 1)[1],
+            "containerEdits": to_cdi(ContainerEdits(device_nodes=(d,)), hook)} for d in nodes]
+    return _spec(vendor, cls, _with_all(out, nodes, hook, all_device), {"env": list(SPEC_ENV)})
+
+
+def _mig_caps_spec(driver, plan, vendor: str, cls: str, hook: HookOptions,
+                   all_device: bool) -> dict[str, Any]:
+    """nvidia-ctk --mode mig-caps (toolkit 1.20, pkg/nvcdi/lib-mig-caps.go): devices
+    "config" and "monitor", each the node of that MIG capability
+    (/dev/nvidia-caps/nvidia-cap<minor>, minor from mig-minors). Planned as the hook plans
+    --mig-config / --mig-monitor all for every GPU; the planner also allows, by cgroup
+    rule only, every MIG minor of the MIG-capable GPUs (upstream's
+    setup_mig_minor_cgroups), which CDI cannot say (a runtime allows the nodes a device
+    lists): the device carries the capability node only, as nvidia-ctk's does."""
+    every = plan(devices="all")
+    out: list[dict[str, Any]] = []
+    nodes: list[DeviceEdit] = []
+    for key in MIG_CAPS:
+        if key not in driver.mig_minors:
+            continue
+        edits = subtract(plan(devices="all", **{f"mig_{key}": "all"}), every)
+        mine = tuple(d for d in edits.device_nodes if d.kind == "mig")
+        if mine:
+            nodes += mine
+            out.append({"name": key, "containerEdits": to_cdi(ContainerEdits(device_nodes=mine), hook)})
+    if not out:
+        raise NvhookError("no MIG capability devices (config, monitor): "
+                          "the host is not MIG capable")
+    return _spec(vendor, cls, _with_all(out, nodes, hook, all_device), {"env": list(SPEC_ENV)})
 
 
 # --- versions and names ------------------------------------------------------------------
