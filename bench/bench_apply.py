@@ -7,7 +7,9 @@ Two plans, made once (outside the timed region) with discover() + plan():
 
 Each sample gets a fresh busybox rootfs (copy of one build_rootfs() template) and a
 fresh "container": a forked process in its own private mount namespace (a copy of the
-bench's, so the rootfs path is visible there, as at runc's prestart). Untimed setup.
+bench's, so the rootfs path is visible there, as at runc's prestart) with, as runc has
+by then, a tmpfs on <rootfs>/dev and a procfs on <rootfs>/proc (--bare: neither; device
+targets and /proc/driver/nvidia are then made in the rootfs itself). Untimed setup.
 Then, timed:
   pid  mode (the hook):               apply(edits, rootfs, pid=<container>, no_cgroups=True)
   self mode (configure without --pid): the container process itself calls
@@ -28,8 +30,13 @@ sent back with its report), printed as median / p90 over the samples.
 
 Every wait on a child or a pipe has a deadline (WAIT_S); past it the bench stops (SystemExit).
 
-Usage: python bench/bench_apply.py [N] [--mode pid|self|both] [--impl DIR]
-       (default N=20, both modes; --impl: libinject from DIR, for before/after runs)
+Usage: python bench/bench_apply.py [N] [--mode pid|self|both] [--apply worker|inproc|both]
+                                  [--preload] [--bare] [--tmpfs] [--impl DIR]
+       (default N=20, both modes; --impl: libinject from DIR, for before/after runs;
+       --preload: import what `nvhook serve` imports before its workers fork
+       (libinject.runtime.service.PRELOAD), so the in-process apply is the served hook's;
+       --tmpfs: host and rootfs on a tmpfs, so that the disk (shared with everything else
+       on the machine) does not swamp the applier's own cost in before/after comparisons)
 """
 from __future__ import annotations
 
@@ -72,6 +79,12 @@ class Container:
             os.close(self.res_r)
             try:
                 _private_ns()
+                if self.runtime_mounts and self.rootfs:
+                    from libinject.linux import native
+                    native.mount("tmpfs", f"{self.rootfs}/dev", "tmpfs",
+                                 native.MS_NOSUID | native.MS_NOEXEC, "mode=755,size=64k")
+                    native.mount("proc", f"{self.rootfs}/proc", "proc",
+                                 native.MS_NOSUID | native.MS_NODEV | native.MS_NOEXEC, None)
                 os.write(self.res_w, b"r")
                 while os.read(self.cmd_r, 1) == b"a":
                     os.write(self.res_w, self._self_apply())
@@ -87,6 +100,7 @@ class Container:
     edits = None
     rootfs = ""
     worker = True
+    runtime_mounts = True       # runc's /dev tmpfs and /proc procfs in the rootfs
 
     def _self_apply(self) -> bytes:  # pragma: no cover - child
         import json
@@ -268,12 +282,33 @@ def main() -> int:
     ap.add_argument("--apply", choices=("worker", "inproc", "both"), default="both",
                     help="apply() in a forked worker (default) or in-process (worker=False, "
                     "one-shot callers)")
+    ap.add_argument("--tmpfs", action="store_true", help="the host and every rootfs on a tmpfs "
+                    "(takes the disk out: what is left is the applier's own cost)")
+    ap.add_argument("--bare", action="store_true", help="no /dev tmpfs nor /proc in the "
+                    "container's rootfs (what this bench did before)")
+    ap.add_argument("--preload", action="store_true", help="import what the hook service "
+                    "imports before forking a worker (the served hook's apply)")
     ap.add_argument("--impl", metavar="DIR", help="import libinject from DIR (A/B against "
                     "another version of the applier; the plan is made with it too)")
     args = ap.parse_args()
     if args.impl:
         sys.path.insert(0, args.impl)
+    Container.runtime_mounts = not args.bare
 
+    _private_ns()   # nothing below reaches the host's mount table
+    with tempfile.TemporaryDirectory(prefix="nvhook-bench-apply-") as tmp:
+        if args.tmpfs:      # (in our private namespace: nobody else sees it)
+            from libinject.linux import native
+            native.mount("tmpfs", tmp, "tmpfs", 0, "size=4g,mode=755")
+        try:
+            _bench(args, Path(tmp))
+        finally:
+            if args.tmpfs:
+                native.umount2(tmp, native.MNT_DETACH)
+    return 0
+
+
+def _bench(args: argparse.Namespace, t: Path) -> None:
     from libinject.discover.driver import discover
     from libinject.discover.libraries import container_lib_dirs
     from libinject.plan.planner import plan
@@ -281,85 +316,84 @@ def main() -> int:
     from libinject.sim.build import create_host
     from libinject.sim.rootfs import build_rootfs
 
-    _private_ns()   # nothing below reaches the host's mount table
-    with tempfile.TemporaryDirectory(prefix="nvhook-bench-apply-") as tmp:
-        t = Path(tmp)
-        host = create_host(t / "host", profile="a100x8")
-        template = build_rootfs(t / "template")
-        # Real images ship an /etc/ld.so.cache (the hook merges into it; without one it
-        # runs ldconfig): make the template's as an image build would.
-        subprocess.run(["/sbin/ldconfig", "-r", str(template)], check=True)
-        driver = discover(str(host), snapshot=False)
-        lib_dir, lib32_dir = container_lib_dirs(str(template))
-        cases = {
-            "1 GPU utility,compute": plan(Request(devices="0"), driver,
-                                          lib_dir=lib_dir, lib32_dir=lib32_dir),
-            "8 GPUs all capabilities": plan(Request(devices="all", capabilities=ALL_CAPS), driver,
-                                            lib_dir=lib_dir, lib32_dir=lib32_dir),
-        }
-        bind_src = str(next(p for p in (host / "usr/bin").iterdir()))
-        modes = [(m, w) for m in (("pid", "self") if args.mode == "both" else (args.mode,))
-                 for w in ((True, False) if args.apply == "both" else (args.apply == "worker",))]
-        import inspect
-        from libinject.apply import live as apply_live
-        if "worker" not in inspect.signature(apply_live.apply).parameters:
-            modes = [(m, w) for m, w in modes if w]      # an older applier: worker only
-        gc.collect()
-        gc.freeze()      # the bench's heap is bigger than the hook's: keep fork cheap-ish
-        seq = 0
+    host = create_host(t / "host", profile="a100x8")
+    template = build_rootfs(t / "template")
+    # Real images ship an /etc/ld.so.cache (the hook merges into it; without one it
+    # runs ldconfig): make the template's as an image build would.
+    subprocess.run(["/sbin/ldconfig", "-r", str(template)], check=True)
+    driver = discover(str(host), snapshot=False)
+    lib_dir, lib32_dir = container_lib_dirs(str(template))
+    cases = {
+        "1 GPU utility,compute": plan(Request(devices="0"), driver,
+                                      lib_dir=lib_dir, lib32_dir=lib32_dir),
+        "8 GPUs all capabilities": plan(Request(devices="all", capabilities=ALL_CAPS), driver,
+                                        lib_dir=lib_dir, lib32_dir=lib32_dir),
+    }
+    bind_src = str(next(p for p in (host / "usr/bin").iterdir()))
+    modes = [(m, w) for m in (("pid", "self") if args.mode == "both" else (args.mode,))
+             for w in ((True, False) if args.apply == "both" else (args.apply == "worker",))]
+    import inspect
+    from libinject.apply import live as apply_live
+    if "worker" not in inspect.signature(apply_live.apply).parameters:
+        modes = [(m, w) for m, w in modes if w]      # an older applier: worker only
+    if args.preload:
+        from libinject.runtime.service import preload
+        preload()
+    gc.collect()
+    gc.freeze()      # the bench's heap is bigger than the hook's: keep fork cheap-ish
+    seq = 0
 
-        def fresh() -> Path:
-            nonlocal seq
-            seq += 1
-            dst = t / f"rootfs{seq}"
-            shutil.copytree(template, dst, symlinks=True)
-            return dst
+    def fresh() -> Path:
+        nonlocal seq
+        seq += 1
+        dst = t / f"rootfs{seq}"
+        shutil.copytree(template, dst, symlinks=True)
+        return dst
 
-        import libinject
-        print(f"apply_live.apply ({Path(libinject.__file__).parent}) on a simulated a100x8 host, "
-              f"fresh busybox rootfs per sample, N={args.n}, cgroups off")
-        fw_all: list[float] = []
-        bind_all: list[float] = []
-        for name, edits in cases.items():
-            print(f"\n== {name}: {len(edits.mounts)} mounts, {len(edits.device_nodes)} device nodes, "
-                  f"{len(edits.symlinks)} symlinks, procfs {'yes' if edits.procfs else 'no'}, "
-                  f"ldconfig over {len(edits.ldconfig_folders)} folders")
-            for mode, worker in modes:
-                samples: list[dict] = []
-                fw: list[float] = []
-                bind: list[float] = []
-                for i in range(args.n + 1):          # sample 0 is warm-up (and checked)
-                    rootfs = fresh()
-                    (rootfs / "bench-target").write_text("")
-                    c = _container(edits if mode == "self" else None, str(rootfs), worker)
-                    try:
-                        fw.append(_fork_wait())
-                        bind.append(_fork_setns_bind(c.pid, bind_src, str(rootfs / "bench-target")))
-                        if mode == "self":
-                            s = _self_sample(c)
-                        elif worker:
-                            s = _pid_sample(edits, str(rootfs), c.pid)
-                        else:
-                            s = _pid_sample_oneshot(edits, str(rootfs), c.pid)
-                        if s["err"]:
-                            raise SystemExit(f"apply failed: {s['err']}")
-                        if i == 0:
-                            bad = _check(edits, rootfs, c.pid, host)
-                            if bad:
-                                raise SystemExit(f"apply did not inject: {bad}")
-                        else:
-                            samples.append(s)
-                    finally:
-                        c.kill()
-                        shutil.rmtree(rootfs)
-                fw_all += fw[1:]
-                bind_all += bind[1:]
-                _report(mode, worker, samples, fw[1:], bind[1:])
-        fm, fp = _stats(fw_all)
-        bm, bp = _stats(bind_all)
-        print(f"\nbaselines over all samples: fork+wait median {fm * 1e3:.2f} ms p90 {fp * 1e3:.2f} ms; "
-              f"fork+setns+1 bind median {bm * 1e3:.2f} ms p90 {bp * 1e3:.2f} ms")
-    return 0
+    import libinject
+    print(f"apply_live.apply ({Path(libinject.__file__).parent}) on a simulated a100x8 host, "
+          f"fresh busybox rootfs per sample, N={args.n}, cgroups off")
+    fw_all: list[float] = []
+    bind_all: list[float] = []
+    for name, edits in cases.items():
+        print(f"\n== {name}: {len(edits.mounts)} mounts, {len(edits.device_nodes)} device nodes, "
+              f"{len(edits.symlinks)} symlinks, procfs {'yes' if edits.procfs else 'no'}, "
+              f"ldconfig over {len(edits.ldconfig_folders)} folders")
+        for mode, worker in modes:
+            samples: list[dict] = []
+            fw: list[float] = []
+            bind: list[float] = []
+            for i in range(args.n + 1):          # sample 0 is warm-up (and checked)
+                rootfs = fresh()
+                (rootfs / "bench-target").write_text("")
+                c = _container(edits if mode == "self" else None, str(rootfs), worker)
+                try:
+                    fw.append(_fork_wait())
+                    bind.append(_fork_setns_bind(c.pid, bind_src, str(rootfs / "bench-target")))
+                    if mode == "self":
+                        s = _self_sample(c)
+                    elif worker:
+                        s = _pid_sample(edits, str(rootfs), c.pid)
+                    else:
+                        s = _pid_sample_oneshot(edits, str(rootfs), c.pid)
+                    if s["err"]:
+                        raise SystemExit(f"apply failed: {s['err']}")
+                    if i == 0:
+                        bad = _check(edits, rootfs, c.pid, host)
+                        if bad:
+                            raise SystemExit(f"apply did not inject: {bad}")
+                    else:
+                        samples.append(s)
+                finally:
+                    c.kill()
+                    shutil.rmtree(rootfs)
+            fw_all += fw[1:]
+            bind_all += bind[1:]
+            _report(mode, worker, samples, fw[1:], bind[1:])
+    fm, fp = _stats(fw_all)
+    bm, bp = _stats(bind_all)
+    print(f"\nbaselines over all samples: fork+wait median {fm * 1e3:.2f} ms p90 {fp * 1e3:.2f} ms; "
+          f"fork+setns+1 bind median {bm * 1e3:.2f} ms p90 {bp * 1e3:.2f} ms")
 
 
 def _report(mode: str, worker: bool, samples: list[dict], fw: list[float], bind: list[float]) -> None:

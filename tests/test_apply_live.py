@@ -250,6 +250,49 @@ def test_in_process_into_other_namespace(rootfs, tmp_path, container, no_leaked_
     assert os.listdir(rootfs / "dev") == []       # made in the container's /dev tmpfs
 
 
+def _count_mountinfo_reads(rootfs, edits, pid):
+    """apply(worker=False) into pid's namespace, counting the readings of mountinfo."""
+    from libinject.apply.live import apply
+    from libinject.linux import mountinfo as mi
+    reads = []
+    real = mi.read_text
+
+    def counted(*a, **kw):
+        reads.append(a)
+        return real(*a, **kw)
+    mi.read_text = counted
+    mounted = apply(edits, str(rootfs), pid=pid, worker=False, no_cgroups=True)
+    return mounted, len(reads)
+
+
+def test_one_mountinfo_reading_per_apply(rootfs, tmp_path, no_leaked_mounts):
+    """As at runc's prestart: the container's /dev a tmpfs and its /proc a procfs
+    (without /proc/driver/nvidia: a tmpfs covers /proc/driver first). Every target's
+    mount and its propagation is checked, from one reading of mountinfo (it took 3:
+    each mount of ours, the procfs tmpfs and the gpus/ entries bound in it, was read
+    again for its propagation, which attach() now knows)."""
+    edits = make_host(tmp_path / "host_src")
+    ready = tmp_path / "ready"
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          f"mount -t tmpfs tmpfs {rootfs}/dev && mount -t proc proc {rootfs}/proc "
+                          f"&& touch {ready} && exec sleep 60"])
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            assert p.poll() is None, f"container setup failed (exit status {p.returncode})"
+            assert time.monotonic() < deadline, "container not ready within 10 s"
+            time.sleep(0.02)
+        before_ns = mountinfo(p.pid)
+        mounted, reads = in_ns(_count_mountinfo_reads, rootfs, edits, p.pid)
+        assert mounted == ["/proc/driver"] + _planned(edits)
+        got = [m.mountpoint[len(str(rootfs)):] for m in new_mounts(before_ns, mountinfo(p.pid))]
+        assert sorted(got) == sorted(mounted)
+        assert reads == 1
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
 def test_in_process_cgroup_failure_rolls_back(rootfs, tmp_path, container, monkeypatch,
                                               no_leaked_mounts):
     """The cgroup step runs back in our namespace; its failure undoes the mounts in

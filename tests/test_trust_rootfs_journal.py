@@ -74,6 +74,81 @@ def test_killed_apply_replayed_by_next(rootfs, tmp_path, phase, no_leaked_mounts
     print(f"killed after {phase}: {len(added)} entries left, all undone by the next apply")
 
 
+# -- mounts that outlive the apply (`configure ROOTFS` in our own namespace) -------------
+def _killed_after_mounts(rootfs: Path, edits, n: int) -> None:
+    """Apply in a forked child in this namespace, SIGKILLed right after its n-th mount
+    (mid-phase: the phase's mount records were written ahead, at once)."""
+    from libinject.apply import rootfs as rfs
+    from libinject.linux.child import Child
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            real, done = rfs.RootFS.attach, []
+
+            def attach(self, *a, **kw):
+                real(self, *a, **kw)
+                done.append(1)
+                if len(done) == n:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            rfs.RootFS.attach = attach
+            _apply(rootfs, edits, worker=False)
+        finally:
+            os._exit(3)
+    with Child(pid) as c:
+        assert c.wait(60) == -signal.SIGKILL
+
+
+def _mounts_under(rootfs: Path) -> list[str]:
+    from libinject.linux import mountinfo
+    top = str(rootfs)
+    return sorted(m.mountpoint[len(top):] for m in mountinfo.read()
+                  if m.mountpoint.startswith(top + "/"))
+
+
+def _kill_mid_phase_then_replay(rootfs: Path, edits, n: int, committed_first: bool):
+    first = None
+    if committed_first:
+        assert _apply(rootfs, edits) is None
+        first = _mounts_under(rootfs)
+    before = snapshot(rootfs, dir_mtimes=False)
+    _killed_after_mounts(rootfs, edits, n)
+    left = _mounts_under(rootfs)
+    journal = [ln for ln in (Path("/run/nvhook/journal") / _journal_name(rootfs)).read_text().splitlines()]
+    assert _apply(rootfs, ContainerEdits()) is None     # replays the killed one's journal
+    return first, before, left, journal, _mounts_under(rootfs), snapshot(rootfs, dir_mtimes=False)
+
+
+def _journal_name(rootfs: Path) -> str:
+    from _blake2 import blake2b
+    return blake2b(os.fsencode(os.path.abspath(rootfs)), digest_size=20).hexdigest() + ".journal"
+
+
+@pytest.mark.parametrize("n", [3, 9])
+def test_killed_mid_phase_replayed_in_same_namespace(rootfs, tmp_path, n, no_leaked_mounts):
+    """Killed in the middle of a phase (after the procfs tmpfs and 2 binaries' mounts, or
+    some of the libraries'): the phase's mount records were written ahead in one write,
+    some for mounts never made. The next apply, in the same namespace (where the mounts
+    outlived the kill), detaches exactly the mounts made, then removes the entries."""
+    edits = make_host(tmp_path / "drv")
+    _, before, left, journal, after, snap = in_ns(_kill_mid_phase_then_replay, rootfs, edits, n, False)
+    assert len(left) == n
+    mount_recs = [ln for ln in journal if '"op":"mount"' in ln]
+    assert len(mount_recs) > n          # written ahead: more records than mounts made
+    assert after == [] and snap == before
+
+
+def test_replay_leaves_an_earlier_committed_mount(rootfs, tmp_path, no_leaked_mounts):
+    """A committed configure's mounts, then a second configure of the same rootfs killed
+    after 9 of its mounts (stacked on the first's), then the replay: it detaches the 9
+    it made and none of the first's, at the paths the killed one mounted too or had
+    recorded ahead and never reached (old replay: every mount there with that root)."""
+    edits = make_host(tmp_path / "drv")
+    first, before, left, _, after, snap = in_ns(_kill_mid_phase_then_replay, rootfs, edits, 9, True)
+    assert len(left) == len(first) + 9
+    assert after == first and snap == before
+
+
 # -- a real runc prestart hook past its timeout ----------------------------------------
 PROGRAM = "#include <unistd.h>\nint main(void) {{ {body} }}\n"
 

@@ -19,8 +19,11 @@ a shared target mount is refused.
 
 A Journal records every mount and every entry created or replaced; rollback() undoes
 them in reverse order (all-or-nothing apply). With a DiskJournal it also writes each
-step ahead to /run/nvhook/journal, so that what a killed apply left in the rootfs is
-undone by the next apply on it (RootFS.replay).
+step to /run/nvhook/journal, so that what a killed apply left in the rootfs is undone
+by the next apply on it (RootFS.replay): a mount's record ahead of it (a phase's
+mounts in one write, expect_mounts; each names the very mount, so the replay passes
+over a record whose mount a kill prevented), a replaced entry's ahead of the rename,
+a new entry's right after the syscall that made it (its identity is known only then).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from libinject.record import field, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable
+    from typing import Callable, Iterable
 
 RESOLVE = native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS
 
@@ -163,12 +166,6 @@ def set_attrs(tree_fd: int, attrs: int, recursive: bool = False) -> None:
                          propagation=native.MS_PRIVATE)
 
 
-@record
-class _Entry:
-    what: str
-    undo: Callable[[], None]
-
-
 class DiskJournal:
     """The journal's write-ahead copy on the host, for what a killed apply leaves (a
     runtime's hook timeout, serve-timeout): JSON lines in a root-only file
@@ -251,8 +248,13 @@ class DiskJournal:
         self.stale = []
 
     def write(self, rec: dict) -> None:
-        data = (jsonc.dumps(rec, compact=True) + "\n").encode()
-        while data:     # one write per record in practice (O_APPEND not needed: one writer)
+        self.write_many((rec,))
+
+    def write_many(self, recs: Iterable[dict]) -> None:
+        """Records, in one write(2) (O_APPEND not needed: one writer). A kill in the
+        middle of it leaves a cut line, which ends the stale records (open())."""
+        data = "".join([jsonc.dumps(rec, compact=True) + "\n" for rec in recs]).encode()
+        while data:
             data = data[os.write(self.fd, data):]
 
     def done(self) -> None:
@@ -276,7 +278,8 @@ class Journal:
     """Undo log: entries are undone in reverse order; fds are kept until commit.
     `disk`: the write-ahead copy (DiskJournal) of the steps that outlive a killed apply
     (entries on the rootfs's own mount, and mounts), or None."""
-    entries: list[_Entry] = field(default_factory=list)
+    # (what, undo) pairs: plain tuples, ~80 an apply (a record costs 10x a tuple to make)
+    entries: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)     # container paths, in order
     created: list[str] = field(default_factory=list)    # container paths, in order
     mount_ids: set[int] = field(default_factory=set)    # mountinfo ids of our mounts
@@ -289,11 +292,12 @@ class Journal:
         return fd
 
     def add(self, what: str, undo: Callable[[], None]) -> None:
-        self.entries.append(_Entry(what, undo))
+        self.entries.append((what, undo))
 
-    def record(self, rec: dict) -> None:
-        if self.disk is not None:
-            self.disk.write(rec)
+    def record(self, *recs: dict) -> None:
+        """Write records ahead (in one write when several)."""
+        if self.disk is not None and recs:
+            self.disk.write_many(recs)
 
     def mount(self, path: str, mnt_fd: int) -> None:
         """mnt_fd is the root of the mount we attached; unmount through it (the
@@ -330,11 +334,11 @@ class Journal:
     def rollback(self) -> list[str]:
         """Undo everything; returns what could not be undone (empty when clean)."""
         errors = []
-        for e in reversed(self.entries):
+        for what, undo in reversed(self.entries):
             try:
-                e.undo()
+                undo()
             except OSError as err:
-                errors.append(f"{e.what}: {os.strerror(err.errno)}")
+                errors.append(f"{what}: {os.strerror(err.errno)}")
         self.entries.clear()
         self.mounts.clear()
         self.created.clear()
@@ -439,14 +443,20 @@ class RootFS:
         # The runtime's own mounts at <rootfs>/dev and <rootfs>/proc: (mount id, fd of
         # its root), looked up when first needed.
         self._runtime: dict[str, tuple[int, int] | None] = {}
-        self._mounts: dict[int, mountinfo.Mount] = {}   # mountinfo, read when needed
+        # One reading of this namespace's mountinfo, taken when first needed and kept
+        # for the whole apply (_mount says why that is enough); read again only for a
+        # mount it does not list.
+        self._table: mountinfo.Table | None = None
         self._unshared: set[int] = set()                 # mounts known not to be shared
         # Resolved directories (container path -> O_PATH fd), so many targets in one
         # directory resolve it once. An fd keeps naming the directory it resolved to
         # (inside the rootfs) whatever is renamed since; any directory mount clears
         # the cache, since it can cover a cached directory or one of its ancestors.
         self._dirs: dict[str, int] = {}
+        self._dir_mids: dict[str, int] = {}     # their mount ids, once asked (_check_create)
         self._gen = self.journal.generation
+        self._ahead: set[tuple[str, int]] = set()   # (path, mount id) recorded by expect_mounts
+        self._ns: int | None = None                 # our mount namespace's inode, when needed
 
     def close(self) -> None:
         self.forget_dirs()
@@ -480,11 +490,32 @@ class RootFS:
         return self._runtime[name]
 
     def _mount(self, mid: int) -> mountinfo.Mount:
-        if mid not in self._mounts:
-            self._mounts = {m.id: m for m in mountinfo.read(proc_fd=proc_fd())}
-            if mid not in self._mounts:
+        """Mount `mid` as this apply's one reading of mountinfo lists it (read when
+        first needed; again only when `mid` is not in it, i.e. made since).
+
+        Why one reading is enough. Which mount a target is on is never taken from it:
+        that is statx(STATX_MNT_ID) of the very fd we attach onto, fresh every time
+        (_check_attach, _check_create). The reading only answers questions about mounts
+        the runtime made before we started (the rootfs, its /dev and /proc, what an
+        earlier configure stacked there): their file system type (fixed for a mount's
+        life), their place (parent, mountpoint) and whether they are shared. Mounts we
+        made ourselves are never looked up for propagation (attach() knows they are
+        not shared), and our own propagation change (MS_SLAVE) is remembered in
+        _unshared, not re-read. What could make the reading wrong is a change to the
+        container's mounts during the apply (a mount moved, made shared, or unmounted
+        and its id reused): at prestart nothing of the container runs yet; on a
+        running container (configure --pid), only a process with CAP_SYS_ADMIN over its
+        mount namespace can, and it could as well do so between a fresh read and our
+        move_mount: a reading per mount would close no window, it would only cost
+        ~0.1-0.3 ms each (as it did: 3 readings per apply at runc's prestart)."""
+        t = self._table
+        m = t.get(mid) if t is not None else None
+        if m is None:
+            self._table = mountinfo.table(proc_fd=proc_fd())
+            m = self._table.get(mid)
+            if m is None:
                 raise NvhookError(f"mount {mid} is not in this namespace's mountinfo")
-        return self._mounts[mid]
+        return m
 
     def _dev_writable(self, path: str, mid: int) -> bool:
         """An entry under /dev may be made in the runtime's /dev: a tmpfs of its own,
@@ -494,13 +525,19 @@ class RootFS:
         dev = self._runtime_mount("dev")
         return dev is not None and dev[0] == mid and self._mount(mid).fstype == "tmpfs"
 
-    def _check_create(self, dir_fd: int, path: str) -> bool:
+    def _check_create(self, dir_fd: int, path: str, key: str | None = None) -> bool:
         """Refuse to create `path` in directory dir_fd unless that directory is on the
         rootfs's own mount, a tmpfs of ours, or (under /dev) the runtime's /dev tmpfs:
         never in a volume (an image symlink into one), whose files are a host
         directory's. Returns whether it is on the rootfs's own mount (the entry then
-        outlives the container: the disk journal records it)."""
-        mid, _ = native.mount_id(dir_fd)
+        outlives the container: the disk journal records it). key: dir_fd is a dup of
+        the cached fd of that directory (makedirs): its mount id is asked once per
+        cached fd (a property of the fd, which no rename or mount changes)."""
+        mid = self._dir_mids.get(key) if key is not None else None
+        if mid is None:
+            mid = native.mount_id(dir_fd)[0]
+            if key is not None and key in self._dirs:
+                self._dir_mids[key] = mid
         if mid == self.mnt_id:
             return True
         if mid in self.journal.mount_ids or self._dev_writable(path, mid):
@@ -558,13 +595,15 @@ class RootFS:
             except OSError as e:
                 raise NvhookError(f"cannot make the container's mount under {path} a slave: "
                                   f"{os.strerror(e.errno)}") from None
-            self._mounts.clear()
+            # Only this mount's propagation changed (a slave now, remembered below); no
+            # other mount's "shared:" state does, so the reading stays good for them.
         self._unshared.add(mid)
 
     def forget_dirs(self) -> None:
         for fd in self._dirs.values():
             os.close(fd)
         self._dirs.clear()
+        self._dir_mids.clear()
 
     # -- lookups -------------------------------------------------------------------
     def resolve(self, path: str, flags: int = os.O_PATH) -> int:
@@ -714,9 +753,10 @@ class RootFS:
         parts = split(path)
         if not parts:
             raise NvhookError("the rootfs itself cannot be a file")
-        fd = self.makedirs("/" + "/".join(parts[:-1]))
+        key = "/" + "/".join(parts[:-1])
+        fd = self.makedirs(key)
         try:
-            return fd, parts[-1], self._check_create(fd, path)
+            return fd, parts[-1], self._check_create(fd, path, key)
         except BaseException:
             os.close(fd)
             raise
@@ -724,14 +764,15 @@ class RootFS:
     def make_file(self, path: str, mode: int = 0o644) -> bool:
         """Create an empty regular file (mount target) unless something exists there.
         Never follows a symlink at the last component. Returns True if created."""
-        fd = self._create_file(path, mode)
-        if fd is None:
+        made = self._create_file(path, mode)
+        if made is None:
             return False
-        os.close(fd)
+        os.close(made[0])
         return True
 
-    def _create_file(self, path: str, mode: int = 0o644) -> int | None:
-        """make_file, returning an fd of the new file (None if something was there)."""
+    def _create_file(self, path: str, mode: int = 0o644) -> tuple[int, os.stat_result] | None:
+        """make_file, returning an fd of the new file and its fstat (None if something
+        was there)."""
         parent, name, durable = self._parent(path)
         try:
             try:
@@ -748,7 +789,7 @@ class RootFS:
             except BaseException:
                 os.close(fd)
                 raise
-            return fd
+            return fd, st
         finally:
             os.close(parent)
 
@@ -899,13 +940,19 @@ class RootFS:
 
     # -- replaying what a killed apply left ----------------------------------------
     def replay(self, records: list[dict]) -> list[str]:
-        """Undo what a killed apply recorded (DiskJournal.stale), newest first, in the
-        rootfs as it is now: an entry is removed only while it is still the one
-        recorded (inode, type, mtime) and only on the rootfs's own mount; a saved file
-        is put back unless the original is still there; a mount is detached only if its
-        root is the recorded source. Returns what could not be undone."""
+        """Undo what a killed apply recorded (DiskJournal.stale), in the rootfs as it is
+        now: mounts first, then the rest, each newest first. An entry is removed only
+        while it is still the one recorded (inode, type, mtime) and only on the rootfs's
+        own mount; a saved file is put back unless the original is still there; a mount
+        is detached only if its root is the recorded source and (recorded in this
+        namespace) it is the very mount recorded. Mounts go first since their records
+        are written ahead a phase at a time (expect_mounts), before the entries made
+        for them, and an entry under a mount cannot be reached to be removed.
+        Returns what could not be undone."""
         left = []
-        for rec in reversed(records):
+        recs = list(reversed(records))
+        for rec in ([r for r in recs if r.get("op") == "mount"]
+                    + [r for r in recs if r.get("op") != "mount"]):
             try:
                 self._replay(rec)
             except (OSError, NvhookError, KeyError, TypeError, ValueError) as e:
@@ -919,15 +966,24 @@ class RootFS:
         if not isinstance(path, str):
             return
         if op == "mount":
-            for _ in range(8):      # one per mount stacked there with that root
+            # The very mount, when recorded in this namespace; else (older records, or
+            # another namespace's: one copied from it has copies of its mounts, with
+            # ids of their own) any stacked there with the recorded root.
+            if self._ns is None:
+                self._ns = os.stat("self/ns/mnt", dir_fd=proc_fd()).st_ino
+            mnt = rec.get("mnt") if rec.get("ns") == self._ns else None
+            for _ in range(1 if mnt is not None else 8):  # one per mount stacked there
                 try:
                     fd = self.resolve(path)
                 except OSError:
                     return
                 try:
                     st = os.fstat(fd)
-                    if not native.mount_id(fd)[1] or (st.st_dev, st.st_ino) != (rec["dev"], rec["ino"]):
+                    mid, is_root = native.mount_id(fd)
+                    if not is_root or (st.st_dev, st.st_ino) != (rec["dev"], rec["ino"]):
                         return
+                    if mnt is not None and mid != mnt:
+                        return      # another's mount (or ours never made: a kill came first)
                     umount_fd(fd)
                 finally:
                     os.close(fd)
@@ -983,12 +1039,14 @@ class RootFS:
             # already there is resolved (inside the rootfs) and checked below.
             made = self._create_file(path)
             if made is not None:
-                fd = made
-            else:
-                try:
-                    fd = self.resolve(path)
-                except OSError as e:
-                    raise NvhookError(f"mount target {path} in the rootfs: {os.strerror(e.errno)}") from None
+                # A regular file, just made (O_EXCL) in a directory _check_create allowed:
+                # the rootfs's own mount, a tmpfs of ours or the runtime's /dev tmpfs, so
+                # never on procfs/sysfs (neither lets anyone create a file anyway).
+                return made[0]
+            try:
+                fd = self.resolve(path)
+            except OSError as e:
+                raise NvhookError(f"mount target {path} in the rootfs: {os.strerror(e.errno)}") from None
         try:
             st = os.fstat(fd)
             ok = stat.S_ISDIR(st.st_mode) if is_dir else (
@@ -1004,22 +1062,60 @@ class RootFS:
             raise
         return fd
 
-    def attach(self, tree_fd: int, path: str, target_fd: int, *, allow_proc: bool = False) -> None:
+    def attach(self, tree_fd: int, path: str, target_fd: int, *, allow_proc: bool = False,
+               is_dir: bool | None = None) -> None:
         """move_mount a detached tree onto a resolved target fd (checked first: the
-        rootfs's own mount, never shared; _check_attach); journaled."""
+        rootfs's own mount, never shared; _check_attach); journaled. is_dir: whether
+        the target is a directory, if the caller knows (else fstat tells)."""
         self._check_attach(target_fd, path, allow_proc)
-        if not self.own_ns:     # in the container's namespace, mounts die with it
-            st = os.fstat(tree_fd)
-            self.journal.record({"op": "mount", "path": path, "dev": st.st_dev, "ino": st.st_ino})
+        mid = native.mount_id(tree_fd)[0]     # the tree's, and the mount's once attached
+        # In the container's namespace, mounts die with it: no record.
+        if not self.own_ns and (path, mid) not in self._ahead:
+            self.journal.record(self._mount_record(path, tree_fd, mid))
         try:
             native.move_mount(tree_fd, "", target_fd, "",
                               native.MOVE_MOUNT_F_EMPTY_PATH | native.MOVE_MOUNT_T_EMPTY_PATH)
         except OSError as e:
             raise NvhookError(f"cannot mount {path}: {os.strerror(e.errno)}") from None
         self.journal.mount(path, tree_fd)
-        self.journal.mount_ids.add(native.mount_id(tree_fd)[0])
-        if self._dirs and stat.S_ISDIR(os.fstat(target_fd).st_mode):
+        self.journal.mount_ids.add(mid)
+        # Not shared, known without mountinfo: the tree was private (open_host's clones
+        # are made private by set_attrs, fsmount's are), and the kernel makes a mount
+        # shared on attach only when the mount it is attached to is shared, which
+        # _check_attach has just refused (or made a slave). So targets on our own mounts
+        # (the procfs tmpfs and the gpus/ entries bound in it) need no new reading.
+        self._unshared.add(mid)
+        if self._dirs and (is_dir if is_dir is not None else stat.S_ISDIR(os.fstat(target_fd).st_mode)):
             self.forget_dirs()
+
+    def _mount_record(self, path: str, tree_fd: int, mid: int,
+                      st: os.stat_result | None = None) -> dict:
+        """The write-ahead record of attaching detached mount `tree_fd` (mount id `mid`,
+        `st` its root's stat if known) at `path`: the mount id (it stays the mount's
+        once attached) and our namespace let the replay tell the mount we made from
+        any other of the same source there (an earlier, committed configure's) and
+        from none at all (a record written ahead of a step a kill prevented)."""
+        if st is None:
+            st = os.fstat(tree_fd)
+        if self._ns is None:
+            self._ns = os.stat("self/ns/mnt", dir_fd=proc_fd()).st_ino
+        return {"op": "mount", "path": path, "dev": st.st_dev, "ino": st.st_ino, "mnt": mid,
+                "ns": self._ns}
+
+    def expect_mounts(self, trees: Iterable[tuple[str, int, os.stat_result | None]]) -> None:
+        """Write ahead, in one write, the records of the mounts a phase is about to
+        attach: (container path, detached tree fd, its root's stat or None). attach()
+        then writes none of its own for them. Only where mounts outlive a killed apply
+        (not own_ns); a record whose mount never happens (the phase failed or was
+        killed first) is passed over by the replay (see _mount_record)."""
+        if self.own_ns or self.journal.disk is None:
+            return
+        recs = []
+        for path, tree, st in trees:
+            mid = native.mount_id(tree)[0]
+            recs.append(self._mount_record(path, tree, mid, st))
+            self._ahead.add((path, mid))
+        self.journal.record(*recs)
 
     def bind_mount(self, host_path: str, path: str, options: tuple[str, ...] = ("ro", "nosuid", "nodev"),
                    *, expect: str | None = None) -> None:
@@ -1051,7 +1147,7 @@ class RootFS:
         is_dir = stat.S_ISDIR(st.st_mode)
         tfd = self.target(path, is_dir=is_dir, also=0 if is_dir else stat.S_IFMT(st.st_mode))
         try:
-            self.attach(tree, path, tfd)
+            self.attach(tree, path, tfd, is_dir=is_dir)   # target() checked its type
         finally:
             os.close(tfd)
 
