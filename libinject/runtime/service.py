@@ -101,7 +101,7 @@ PRELOAD = (
     "libinject.apply.live", "libinject.apply.cgroups", "libinject.apply.bpf",
     "libinject.log", "libinject.request.user", "libinject.discover.options",
     "libinject.runtime.hook", "libinject.constants", "libinject.linux.child",
-    "libinject.discover.decode", "libinject.discover.procfs",
+    "libinject.discover.decode", "libinject.discover.procfs", "libinject.discover.graphics",
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
     "libinject.apply.ldcache_merge", "_prctl",
