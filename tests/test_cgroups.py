@@ -16,7 +16,7 @@ from libinject.apply import bpf as bd
 from libinject.linux import mountinfo
 from libinject.linux import native as n
 from libinject.apply.cgroups import (allow_devices, cgroup_mounts, create_dev_char_links,
-                               find_cgroup_dirs, proc_cgroups)
+                                     find_cgroup_dirs, proc_cgroups, v1_hierarchy)
 from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
 from support.runc import RuncContainer, RuncError
@@ -215,6 +215,128 @@ def test_bad_input_changes_nothing(gpu_container):
 def test_no_such_process():
     with pytest.raises(NvhookError, match="no such process"):
         allow_devices(2**22 + 7, [CgroupRule(195, 1)])
+
+
+# -- our own cgroup: a private mount of the v1 devices hierarchy -------------------------
+DEVICES_V1 = Path("/sys/fs/cgroup/devices")
+
+
+@contextlib.contextmanager
+def _restricted_v1_cgroup(name: str):
+    """A new v1 devices cgroup that allows nothing but /dev/null; removed afterwards
+    (its processes moved back to the root first)."""
+    d = DEVICES_V1 / f"{name}-{os.getpid()}-{os.urandom(3).hex()}"
+    d.mkdir()
+    try:
+        (d / "devices.deny").write_text("a")
+        (d / "devices.allow").write_text("c 1:3 rwm")
+        yield d
+    finally:
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                (DEVICES_V1 / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass                      # exited meanwhile
+        d.rmdir()
+
+
+OWN_CGROUP_CHILD = textwrap.dedent("""\
+    import errno, os, sys
+    from libinject.apply.cgroups import allow_devices
+    from libinject.plan.edits import CgroupRule
+    cg, nodes = sys.argv[1], sys.argv[2]
+    with open(cg + "/cgroup.procs", "w") as f:     # into the restricted cgroup
+        f.write(str(os.getpid()))
+    def probe(name):
+        try:
+            os.close(os.open(f"{nodes}/{name}", os.O_RDONLY))
+            return "OK"
+        except OSError as e:
+            return errno.errorcode[e.errno]
+    mounts = open("/proc/self/mountinfo").read()
+    print(probe("n0"), probe("n1"))
+    undo = allow_devices(int(os.readlink("/proc/self")), [CgroupRule(195, 1)])
+    print(probe("n0"), probe("n1"), undo.v1_dir)
+    print("same mounts" if open("/proc/self/mountinfo").read() == mounts else "mounts changed")
+    undo()
+    print(probe("n0"), probe("n1"))
+    """)
+
+
+def test_own_cgroup_v1_through_private_mount(tmp_path):
+    """allow_devices on this process's own cgroup (what a createContainer hook does) goes
+    through a private mount of the devices hierarchy: the rule lands in the process's
+    real cgroup, and the mount table it can see is the same afterwards."""
+    for name, minor in (("n0", 0), ("n1", 1)):
+        os.mknod(tmp_path / name, 0o600 | 0o020000, os.makedev(195, minor))
+    with _restricted_v1_cgroup("nvh-own") as cg:
+        r = subprocess.run([sys.executable, "-I", "-c", OWN_CGROUP_CHILD, str(cg), str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+        lines = r.stdout.splitlines()
+        assert lines == ["EPERM EPERM", f"EPERM ENXIO devices cgroup /{cg.name}",
+                         "same mounts", "EPERM EPERM"], r.stdout + r.stderr
+        assert "195:1" not in (cg / "devices.list").read_text()   # undone
+
+
+def _forged_proc(tmp_path: Path, cgroup_text: str) -> str:
+    """A /proc whose "self" is this process but whose cgroup list is `cgroup_text` (what
+    a /proc the container mounted could say)."""
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True)
+    os.symlink(str(os.getpid()), proc / "self")
+    (proc / str(os.getpid()) / "cgroup").write_text(cgroup_text)
+    (proc / str(os.getpid()) / "mountinfo").write_text(Path("/proc/self/mountinfo").read_text())
+    return str(proc)
+
+
+def _devices_line() -> tuple[str, str]:
+    """(hierarchy id, controllers) of the v1 devices hierarchy, from /proc/self/cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, ctrls, _ = line.split(":", 2)
+        if "devices" in ctrls.split(","):
+            return hid, ctrls
+    raise LookupError("devices")
+
+
+def test_own_cgroup_forged_path_is_refused(tmp_path):
+    """A cgroup list naming another cgroup (a forged /proc) does not get that cgroup
+    changed: before the first write the kernel must list this process in it."""
+    hid, ctrls = _devices_line()
+    with _restricted_v1_cgroup("nvh-victim") as victim:
+        proc = _forged_proc(tmp_path, f"{hid}:{ctrls}:/{victim.name}\n")
+        with pytest.raises(NvhookError, match=f"devices cgroup /{victim.name} does not hold "
+                                              "this process"):
+            allow_devices(os.getpid(), [CgroupRule(195, 1)], proc_root=proc)
+        assert (victim / "devices.list").read_text() == "c 1:3 rwm\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{hid}:{ctrls}:/a\n{hid}:{ctrls}:/b\n", "names the devices hierarchy more than once"),
+    ("{hid}:{ctrls}:/../elsewhere\n", "outside this cgroup namespace"),
+    ("{hid}:{ctrls}:/no-such-cgroup-here\n", "cannot open devices cgroup /no-such-cgroup-here"),
+    ("{hid}:{ctrls}:/../../etc\n", "outside this cgroup namespace"),
+])
+def test_own_cgroup_bad_lists(tmp_path, text, message):
+    hid, ctrls = _devices_line()
+    proc = _forged_proc(tmp_path, text.format(hid=hid, ctrls=ctrls))
+    with pytest.raises(NvhookError, match=message):
+        allow_devices(os.getpid(), [CgroupRule(195, 1)], proc_root=proc)
+
+
+def test_own_cgroup_escape_by_dotdot_is_refused(tmp_path):
+    """A path climbing out of the private mount ("/x/../..") never leaves it."""
+    hid, ctrls = _devices_line()
+    proc = _forged_proc(tmp_path, f"{hid}:{ctrls}:/docker/../../x\n")
+    with pytest.raises(NvhookError, match="cannot open devices cgroup"):
+        allow_devices(os.getpid(), [CgroupRule(195, 1)], proc_root=proc)
+
+
+def test_v1_hierarchy_parse():
+    text = "12:name=systemd:/s\n5:devices,freezer:/a/b\n0::/u\n"
+    assert v1_hierarchy(text, "devices") == (("devices", "freezer"), "/a/b")
+    assert v1_hierarchy(text, "systemd") is None
+    assert v1_hierarchy(text, "name=systemd") == (("name=systemd",), "/s")
+    assert v1_hierarchy("0::/u\n", "devices") is None       # pure cgroup v2
 
 
 # -- the harness itself ------------------------------------------------------------------

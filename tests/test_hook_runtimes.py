@@ -124,6 +124,17 @@ def test_crun_void_and_errors(tmp_path, hook_config):
     assert "ERROR" in (tmp_path / "hook.log").read_text()
 
 
+def test_crun_create_container_stage(tmp_path, hook_config, gpu_uuids):
+    # crun (cgroup v1 only here) runs createContainer hooks in the container's namespaces
+    # too, pid 0 in the state: the v1 devices cgroup is reached as under runc (below)
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v1",
+                       "createContainer") as c:
+        c.write_config()
+        r = hookenv.crun_run(c.bundle, c.id, tmp_path / "crun-state")
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert "createContainer: done" in (tmp_path / "hook.log").read_text()
+
+
 # -- podman -------------------------------------------------------------------------------
 
 PODMAN_PROBE = ("nvidia-smi -L; mknod /dev/n0 c 195 0; mknod /dev/n1 c 195 1; for d in /dev/n0 /dev/n1; do "
@@ -200,9 +211,66 @@ def test_containerd_ctr_run_config(tmp_path, hook_config, gpu_uuids):
 
 def test_runc_create_container_stage_v2(tmp_path, hook_config, gpu_uuids):
     # createContainer runs inside the container's namespaces (runc: pid 1 in the state);
-    # the hook stands in its own pid. (cgroup v1 is not covered: there the container's
-    # read-only cgroup mounts are what the hook sees.)
+    # the hook stands in its own pid. (cgroup v1: test_runc_create_container_stage_v1.)
     with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v2", "createContainer") as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
     assert "createContainer: done" in (tmp_path / "hook.log").read_text()
+
+
+# -- createContainer on cgroup v1 ----------------------------------------------------------
+# There the hook sees the container's mounts (runc's read-only binds of its own cgroup dirs
+# under <rootfs>/sys/fs/cgroup, and whatever the spec mounts over them); it reaches its
+# cgroup through a private, detached mount of the devices hierarchy instead
+# (libinject.apply.cgroups, "Our own cgroup").
+
+CGROUP_NS = {"type": "cgroup"}
+
+
+@pytest.mark.parametrize("cgroupns", [False, True], ids=["host-cgroupns", "own-cgroupns"])
+def test_runc_create_container_stage_v1(tmp_path, hook_config, gpu_uuids, cgroupns):
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v1",
+                       "createContainer") as c:
+        if cgroupns:   # /proc/self/cgroup and the private mount's root are then both "/"
+            c.config["linux"]["namespaces"].append(CGROUP_NS)
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert "createContainer: done" in (tmp_path / "hook.log").read_text()
+
+
+def _fake_cgroup_files(d: Path) -> dict[str, str]:
+    """A writable stand-in for a devices cgroup dir: an empty devices.allow and a
+    devices.list claiming every device is allowed already (so a hook believing it would
+    write nothing). Returns the files' contents, to check them afterwards."""
+    files = {"devices.allow": "", "devices.deny": "", "devices.list": "a *:* rwm\n",
+             "cgroup.procs": "1\n", "tasks": "1\n"}
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name).write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("how", ["tree", "devices.allow", "devices.list"])
+def test_runc_create_container_v1_hostile_cgroup_mounts(tmp_path, hook_config, gpu_uuids, how):
+    """A spec that mounts a fake, writable cgroup over the container's devices cgroup --
+    the whole /sys/fs/cgroup/devices ("tree"), or one file bound over runc's read-only
+    bind of the real cgroup dir, which stays visible around it -- does not redirect the
+    hook: the real cgroup is changed, the fakes are not. The mountinfo walk the hook used
+    before fell for both files: it wrote the rules into a fake devices.allow, and took a
+    fake devices.list's "a *:* rwm" at its word and wrote nothing; either way the
+    container was left without its GPU."""
+    fake = tmp_path / "fake-cgroup"
+    files = _fake_cgroup_files(fake)
+    if how == "tree":
+        mounts = [{"destination": "/sys/fs/cgroup/devices", "type": "bind",
+                   "source": str(fake), "options": ["rbind", "rw"]}]
+    else:
+        mounts = [{"destination": f"/sys/fs/cgroup/devices/{how}", "type": "bind",
+                   "source": str(fake / how), "options": ["bind", "rw"]}]
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE, "v1",
+                       "createContainer") as c:
+        c.config["mounts"] += mounts           # after runc's own cgroup mount
+        r = c.run()
+    out = r.stdout + r.stderr
+    assert {n: (fake / n).read_text() for n in files} == files, out   # the fakes unchanged
+    assert_only_gpu1(out, gpu_uuids)           # and the real cgroup was

@@ -25,6 +25,21 @@ restricts the container:
 
 `pid` is a pid in the caller's pid namespace (runc's createContainer hook state has the
 container-namespace pid 1: use the prestart/poststart pid, or /proc of the runtime).
+
+Our own cgroup (pid is this process: a createContainer hook, which runs in the
+container's cgroup and mount namespace before pivot_root, stands in its own pid): the
+mounts we see are then the container's (runc's read-only cgroup binds, and whatever the
+spec mounts over them, down to a single devices.allow file), so v1 is reached without
+them: a private, detached mount of the devices hierarchy (fsopen/fsconfig/fsmount,
+attached nowhere) and openat2 beneath it, RESOLVE_BENEATH|NO_SYMLINKS|NO_XDEV, to the
+path /proc/self/cgroup names. That mount's root is our cgroup namespace's root, and so
+are the paths /proc/self/cgroup shows: the two agree in a cgroup namespace too. Before
+the first write the kernel confirms the directory holds this process (cgroup.procs),
+so a /proc the container chose cannot point the write at another cgroup. v2 keeps the
+mountinfo walk: nothing is written through a path there (the BPF program is attached
+to a directory fd the kernel checks is a cgroup), and a fresh cgroup2 mount is not
+harmless: in the initial cgroup namespace each cgroup2 mount re-applies its options
+(nsdelegate, memory_recursiveprot, ...) to the one global hierarchy.
 """
 from __future__ import annotations
 
@@ -158,21 +173,26 @@ def _resolve(path: str, mounts: Iterable[CgroupMount], visible: Visible) -> str 
     return None
 
 
-def find_cgroup_dirs(pid: int, *, proc_root: str = "/proc",
-                     visible: Visible | None = None) -> tuple[str | None, str | None]:
+def _read_cgroups(pid: int, proc_root: str) -> str:
+    """/proc/PID/cgroup's text; NvhookError when there is no such process."""
+    data = read_bounded(f"{proc_root}/{pid}/cgroup", 1 << 20, "cgroup list", missing_ok=True)
+    if data is None:
+        raise NvhookError(f"no such process: {pid}")
+    return data.decode(errors="replace")
+
+
+def find_cgroup_dirs(pid: int, *, proc_root: str = "/proc", visible: Visible | None = None,
+                     v1_too: bool = True) -> tuple[str | None, str | None]:
     """(v1 devices dir, cgroup2 dir) of process pid as seen from our mount namespace;
-    None where there is none to change."""
+    None where there is none to change (v1 always None without v1_too)."""
+    cg = proc_cgroups(_read_cgroups(pid, proc_root))
     try:
-        data = read_bounded(f"{proc_root}/{pid}/cgroup", 1 << 20, "cgroup list", missing_ok=True)
-        if data is None:
-            raise FileNotFoundError
-        cg = proc_cgroups(data.decode(errors="replace"))
         mounts = cgroup_mounts(mountinfo.read(proc_root=proc_root))
     except FileNotFoundError:
         raise NvhookError(f"no such process: {pid}") from None
     visible = visible or _mount_visible(proc_root)
     v1 = v2 = None
-    if "devices" in cg:
+    if v1_too and "devices" in cg:
         v1 = _resolve(cg["devices"], [m for m in mounts if "devices" in m.controllers],
                       visible)
         # The root devices cgroup cannot be restricted, so a container left there (a
@@ -222,8 +242,25 @@ def _added_access(r: CgroupRule, entries: list[tuple[str, str, str, str]]) -> st
     return "".join(c for c in "rwm" if c in r.access and c not in had)
 
 
-def _write_v1(dfd: int, name: str, line: str) -> None:
-    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+if TYPE_CHECKING:
+    Opener = Callable[[int, str, int], int]    # (dir fd, name, flags) -> fd
+
+
+def _open_plain(dfd: int, name: str, flags: int) -> int:
+    return os.open(name, flags | os.O_CLOEXEC, dir_fd=dfd)
+
+
+# Nothing but the named file in the named directory: no symlink, no "..", no mount.
+_BENEATH = (native.RESOLVE_BENEATH | native.RESOLVE_NO_SYMLINKS | native.RESOLVE_NO_XDEV
+            | native.RESOLVE_NO_MAGICLINKS)
+
+
+def _open_beneath(dfd: int, name: str, flags: int) -> int:
+    return native.openat2(dfd, name, flags | os.O_CLOEXEC, resolve=_BENEATH)
+
+
+def _write_v1(dfd: int, name: str, line: str, opener: Opener = _open_plain) -> None:
+    fd = opener(dfd, name, os.O_WRONLY | os.O_NOFOLLOW)
     try:
         os.write(fd, line.encode())
     finally:
@@ -233,22 +270,116 @@ def _write_v1(dfd: int, name: str, line: str) -> None:
 def _allow_v1(cgdir: str, rules: Sequence[CgroupRule], undo: Undo) -> None:
     dfd = os.open(cgdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     undo.cleanups.append(lambda: os.close(dfd))
-    fd = os.open("devices.list", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+    _allow_v1_at(dfd, cgdir, rules, undo, _open_plain)
+
+
+def _allow_v1_at(dfd: int, where: str, rules: Sequence[CgroupRule], undo: Undo,
+                 opener: Opener, before_write: Callable[[], None] | None = None) -> None:
+    """The v1 step on the open cgroup directory dfd (`where` names it in messages);
+    before_write() runs once, before the first write, if there is one."""
+    fd = opener(dfd, "devices.list", os.O_RDONLY)
     with os.fdopen(fd) as f:
         entries = _v1_entries(f.read())
     for r in rules:
         if _covered(r, entries):
             continue
+        if before_write is not None:
+            before_write()
+            before_write = None
         added = _added_access(r, entries)
         try:
-            _write_v1(dfd, "devices.allow", _rule_line(r))
+            _write_v1(dfd, "devices.allow", _rule_line(r), opener)
         except OSError as e:
-            raise NvhookError(f"cannot allow device {r.major}:{r.minor} in {cgdir}: "
+            raise NvhookError(f"cannot allow device {r.major}:{r.minor} in {where}: "
                               f"{e.strerror}") from None
         entries.append((r.type, str(r.major), str(r.minor), r.access))
         deny = f"{r.type} {r.major}:{r.minor} {added}"
-        undo.steps.append(lambda deny=deny: _write_v1(dfd, "devices.deny", deny))
-        undo.v1_dir = cgdir
+        undo.steps.append(lambda deny=deny: _write_v1(dfd, "devices.deny", deny, opener))
+        undo.v1_dir = where
+
+
+# -- cgroup v1, our own cgroup: through a private mount ---------------------------------
+def _is_self(pid: int, proc_root: str) -> bool:
+    """Whether pid is this process, as proc_root counts pids (oci_state.container_pid
+    gives a createContainer hook its own pid so)."""
+    try:
+        return pid == int(os.readlink(f"{proc_root}/self"))
+    except (OSError, ValueError):
+        return False
+
+
+def v1_hierarchy(text: str, controller: str) -> tuple[tuple[str, ...], str] | None:
+    """From /proc/PID/cgroup text: (what the v1 hierarchy holding `controller` is mounted
+    with: its controllers and any "name=X", as listed; the cgroup path in it), or None
+    when no v1 hierarchy has it. More than one line naming it is an error: a cgroup
+    name with a newline in it can forge lines."""
+    found = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[1]:
+            names = tuple(n for n in parts[1].split(",") if n)
+            if controller in names:
+                found.append((names, parts[2]))
+    if len(found) > 1:
+        raise NvhookError(f"the cgroup list names the {controller} hierarchy more than once")
+    return found[0] if found else None
+
+
+def _mount_hierarchy(names: Sequence[str]) -> int:
+    """An fd of a new, detached mount of the existing v1 hierarchy mounted with exactly
+    `names`: attached nowhere, so no other process (nor the container) sees it, and
+    gone with its last fd. Naming exactly the hierarchy's controllers makes the kernel
+    reuse that hierarchy (a set matching none would ask for a new one, which fails with
+    EBUSY while its controllers are bound elsewhere; and in a cgroup namespace, with
+    EPERM). The mount's root is our cgroup namespace's root."""
+    fs = native.fsopen("cgroup")
+    try:
+        for n in names:
+            if n.startswith("name="):
+                native.fsconfig(fs, native.FSCONFIG_SET_STRING, "name", n[5:])
+            else:
+                native.fsconfig(fs, native.FSCONFIG_SET_FLAG, n)
+        native.fsconfig(fs, native.FSCONFIG_CMD_CREATE)
+        return native.fsmount(fs, native.FSMOUNT_CLOEXEC, native.MOUNT_ATTR_NOSUID
+                              | native.MOUNT_ATTR_NODEV | native.MOUNT_ATTR_NOEXEC)
+    finally:
+        os.close(fs)
+
+
+def _holds_this_process(dfd: int, where: str) -> None:
+    """NvhookError unless cgroup directory dfd lists this process: the kernel's word
+    that the path we were given (from a /proc in a namespace the container set up) is
+    our cgroup. cgroup.procs counts pids in the reader's pid namespace, as getpid()."""
+    fd = _open_beneath(dfd, "cgroup.procs", os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        pids = f.read(1 << 20).split()
+    if str(os.getpid()).encode() not in pids:
+        raise NvhookError(f"{where} does not hold this process; not changing it")
+
+
+def _allow_own_v1(text: str, rules: Sequence[CgroupRule], undo: Undo) -> None:
+    """The v1 step for our own cgroup (text: /proc/self/cgroup), through a private mount
+    of the devices hierarchy: no path any mount namespace's mounts chose is used."""
+    found = v1_hierarchy(text, "devices")
+    if found is None:
+        return      # no v1 devices hierarchy: nothing restricts us there
+    names, path = found
+    if path == "/.." or path.startswith("/../") or not path.startswith("/"):
+        raise NvhookError("the container's cgroup is outside this cgroup namespace")
+    where = f"devices cgroup {path}"
+    try:
+        mnt = _mount_hierarchy(names)
+    except OSError as e:
+        raise NvhookError(f"cannot mount the devices cgroup hierarchy ({','.join(names)}) "
+                          f"privately: {e.strerror}") from None
+    undo.cleanups.append(lambda: os.close(mnt))
+    try:
+        dfd = _open_beneath(mnt, path.strip("/") or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise NvhookError(f"cannot open {where}: {e.strerror}") from None
+    undo.cleanups.append(lambda: os.close(dfd))
+    _allow_v1_at(dfd, where, rules, undo, _open_beneath,
+                 before_write=lambda: _holds_this_process(dfd, where))
 
 
 # -- cgroup v2 -------------------------------------------------------------------------
@@ -343,8 +474,13 @@ def allow_devices(pid: int, rules: Sequence[CgroupRule], *, proc_root: str = "/p
     undo = Undo()
     if not rules:
         return undo
-    v1, v2 = find_cgroup_dirs(pid, proc_root=proc_root)
+    own = _is_self(pid, proc_root)
+    own_text = _read_cgroups(pid, proc_root) if own else ""
+    # our own cgroup: v1 below, never through the mounts we see (module docstring)
+    v1, v2 = find_cgroup_dirs(pid, proc_root=proc_root, v1_too=not own)
     try:
+        if own:
+            _allow_own_v1(own_text, rules, undo)
         if v1 is not None:
             _allow_v1(v1, rules, undo)
         if v2 is not None:

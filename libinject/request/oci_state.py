@@ -328,6 +328,8 @@ def container_pid(state: State, stage: str) -> int:
     createContainer: runc says 1 (container pid namespace) and crun 0, but the hook then
     runs inside the container's namespaces and cgroup, so our own pid stands in for it;
     /proc/self names it as the mounted /proc counts (os.getpid() counts in our pid ns).
+    Being our own pid is what tells libinject.apply.cgroups to reach the cgroup through
+    a private mount, never through the container's mounts we then see.
     """
     if stage == "createContainer":
         try:

@@ -18,11 +18,24 @@ libinject.apply.ldconfig's sandbox, all or nothing; the same code the hook and
   (/dev/nvidiaN and /dev/nvidia-caps/nvidia-capN in its linux.devices that its
   linux.resources.devices rules allow). A CDI spec cannot express this as mounts: runc
   refuses OCI mounts under /proc.
+
+Rootless engines (podman run by a user) run these hooks in a user namespace, as the
+user's mapped root. live.apply writes its journal ahead to /run/nvhook/journal, a
+directory of the host's root that is out of reach there; so in a user namespace the
+hook first moves to a private copy of the container's mount namespace with a tmpfs of
+its own on /run (the journal lives as long as the hook), and live.apply enters the
+container's namespace through the runtime process that started the hook, which it
+checks is in the namespace the hook left (_rootless_target). /run there is the
+runtime's path (the rootfs is not pivoted into yet), nothing the container chose.
 """
 from __future__ import annotations
 
 import os
 import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from libinject.plan.edits import ContainerEdits
 
 
 def _rootfs(given: str, cwd: str | None) -> tuple[str, dict]:
@@ -56,7 +69,6 @@ def run(args) -> int:
 
     cwd = start_cwd()   # where the runtime started us (the front has moved to "/")
     os.chdir("/")   # never work relative to a directory the container controls
-    from libinject.apply.live import apply
     from libinject.plan.edits import ContainerEdits
     from libinject.errors import NvhookError
 
@@ -64,7 +76,7 @@ def run(args) -> int:
         edits = ContainerEdits(symlinks=parse_links(args.link))
         rootfs, _ = _rootfs(args.rootfs, cwd)
         if edits.symlinks:
-            apply(edits, rootfs, pid=None, no_cgroups=True)
+            _apply(edits, rootfs)
         return 0
     if args.hook == "update-ldcache":
         bad = [f for f in args.folder if not f.startswith("/")]
@@ -72,7 +84,7 @@ def run(args) -> int:
             raise NvhookError(f"invalid --folder {bad[0]!r}: not an absolute container path")
         rootfs, _ = _rootfs(args.rootfs, cwd)
         edits = ContainerEdits(ldconfig_folders=tuple(dict.fromkeys(args.folder)))
-        apply(edits, rootfs, pid=None, ldconfig=args.ldconfig, no_cgroups=True)
+        _apply(edits, rootfs, ldconfig=args.ldconfig)
         return 0
     if args.hook == "mask-procfs":
         rootfs, spec = _rootfs(args.rootfs, cwd)
@@ -80,9 +92,57 @@ def run(args) -> int:
             raise NvhookError("mask-procfs needs the container state on stdin (its devices)")
         edits = procfs_edits(spec, args.procfs_dir, args.mig_minors)
         if edits is not None:
-            apply(edits, rootfs, pid=None, no_cgroups=True)
+            _apply(edits, rootfs)
         return 0
     raise NvhookError(f"unknown cdi-hook {args.hook}")
+
+
+def _apply(edits: ContainerEdits, rootfs: str, **kw: str) -> None:
+    """live.apply in the container's mount namespace, no cgroup step: the one we are in,
+    or (rootless) the one _rootless_target names."""
+    from libinject.apply.live import apply
+
+    apply(edits, rootfs, pid=_rootless_target(), no_cgroups=True, **kw)
+
+
+def _parent_pid() -> int:
+    """Our parent's pid as /proc counts pids (getppid() counts in our own pid namespace,
+    the container's, while /proc here is the runtime's)."""
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read(4096)
+    return int(stat[stat.rindex(b")") + 2:].split()[1])   # after "(comm)": state, ppid
+
+
+def _rootless_target() -> int | None:
+    """None outside a user namespace: apply where we are. In one (module docstring):
+    leave for a private copy of this mount namespace with our own tmpfs on /run, and
+    return the pid of our parent, the runtime's process that runs createContainer hooks,
+    once it is checked to be in the namespace we left: live.apply enters that."""
+    from libinject.errors import NvhookError
+    from libinject.linux import native
+    from libinject.runtime.hook import in_user_namespace
+
+    if not in_user_namespace():
+        return None
+    here = os.stat("/proc/self/ns/mnt")
+    try:
+        ppid = _parent_pid()
+        there = os.stat(f"/proc/{ppid}/ns/mnt")
+    except (OSError, ValueError, IndexError):
+        there = None
+    if there is None or (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):
+        raise NvhookError("cdi-hook in a user namespace: the process that started it is not "
+                          "in the container's mount namespace (not run as a createContainer hook?)")
+    try:
+        native.unshare(native.CLONE_NEWNS)
+        # nothing mounted in our copy may propagate back to the container's namespace
+        native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
+        native.mount("tmpfs", "/run", "tmpfs",
+                     native.MS_NOSUID | native.MS_NODEV | native.MS_NOEXEC, "mode=0755")
+    except OSError as e:
+        raise NvhookError(f"cdi-hook in a user namespace: cannot make a private /run for "
+                          f"its journal: {e.strerror}") from None
+    return ppid
 
 
 def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):

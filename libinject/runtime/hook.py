@@ -16,6 +16,16 @@ from config.json.
 A container that wants no GPU exits 0 having imported libinject.jsonc, the state/request modules
 and the config reader only. Errors: one line on stderr ("nvhook: ..."), exit 1, so the
 runtime's create fails with it.
+
+Rootless engines (podman run by a user) run the runtime, and so this hook, in a user
+namespace. The hook cannot do its job there: the device cgroup needs CAP_SYS_ADMIN
+(v1 devices.allow) or CAP_BPF (v2 device programs) in the initial user namespace, and
+the engine has no cgroup of its own to delegate on a v1 host; nor can the hook check its
+config is root's (host root shows as the overflow uid there). So a GPU container is
+refused there with one line that points to CDI, which podman applies itself, rootless
+too; a container that wants no GPU (a CDI spec from `nvhook cdi generate` sets
+NVIDIA_VISIBLE_DEVICES=void) still exits 0. Whether it wants one is decided by the
+defaults, the config being unreadable as trusted there.
 """
 from __future__ import annotations
 
@@ -70,6 +80,31 @@ def start_cwd() -> str | None:
         return os.getcwd()
     except OSError:
         return None
+
+
+# What a GPU container is told to use instead, where the hook cannot serve it.
+CDI_ADVICE = ("use CDI instead: as root `nvhook cdi generate --output /etc/cdi/nvidia.yaml`, "
+              "then `podman run --device nvidia.com/gpu=0 ...`")
+
+
+def in_user_namespace() -> bool:
+    """Whether this process is outside the initial user namespace: only there does
+    /proc/self/uid_map map every uid onto itself. Unreadable: False (try as before;
+    the kernel still refuses what we may not do)."""
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            return f.read(4096).split() != [b"0", b"0", b"4294967295"]
+    except OSError:
+        return False
+
+
+def unprivileged(userns: bool) -> str | None:
+    """Why this process cannot give a container GPUs (None: it may be able to)."""
+    if userns:
+        return "the hook runs in a user namespace (a rootless engine), where no device cgroup can be set"
+    if os.geteuid() != 0:
+        return f"the hook runs as uid {os.geteuid()}, not root"
+    return None
 
 
 def run(args) -> int:
@@ -129,8 +164,10 @@ def _handle(stage, data, args, cwd, discover) -> int:
             what = "log file" if opt == "debug" else opt
             raise NvhookError(f"--{opt} {value}: the hook's {what} must be an absolute path")
     log = Log(args.debug or "", level="debug")
+    userns = in_user_namespace()
     try:
-        cfg = config_mod.load(args.config, {}, trusted=True)
+        # In a user namespace the config's owner cannot be checked: not read (module doc).
+        cfg = config_mod.Config() if userns else config_mod.load(args.config, {}, trusted=True)
         log = Log(args.debug or cfg.log_file(), level="debug" if args.debug else cfg.log_level())
         if len(data) > oci_state.MAX_STATE_BYTES:
             raise NvhookError(f"container state on stdin is larger than {oci_state.MAX_STATE_BYTES} bytes")
@@ -143,6 +180,9 @@ def _handle(stage, data, args, cwd, discover) -> int:
         if request is None:
             log.info(f"{stage}: not a GPU container, nothing to do")
             return 0
+        why = unprivileged(userns)
+        if why:
+            raise NvhookError(f"{stage}: cannot give this container GPUs: {why}; {CDI_ADVICE}")
         return _configure(stage, state, spec, bundle, request, cfg, args, log, discover)
     except NvhookError as e:
         log.error(f"{stage}: {e}")
