@@ -140,6 +140,32 @@ def drm_nodes(dev_root: str, gpus) -> tuple[model.DrmNode, ...]:
     return tuple(out)
 
 
+def _names(version: str) -> dict[str, str]:
+    """Every container path discovery may give a graphics file -> its capability."""
+    arch = os.uname().machine
+    out = {f"/{d}/{name.format(ver=version, arch=arch)}": cap for name, cap in DATA_FILES for d in DATA_DIRS}
+    for d, drv, ext in XORG_DIRS:
+        out[f"/{d}/{drv}nvidia_drv.so"] = "display"
+        out[f"/{d}/{ext}{GLXSERVER}.{version}"] = "display"
+    return out
+
+
+def could_find(root: str, version: str, files) -> bool:
+    """Whether discovery could have found `files` under root (a snapshot's claim, checked
+    on load): each at a name it looks for, with that name's capability, and its host path
+    what that name resolves to in the root now, a regular file; no name twice. Cheaper than
+    finding them again (one resolve per file, not per place searched) and as safe: all a
+    forged list can do is name the root's own graphics files, or leave some out."""
+    names = _names(version)
+    seen = set()
+    for f in files:
+        if (f.kind != "graphics" or names.get(f.container_path) != f.capability
+                or f.container_path in seen or _file(root, f.container_path) != f.path):
+            return False
+        seen.add(f.container_path)
+    return True
+
+
 def discover(root: str, dev_root: str, version: str, gpus) -> tuple[tuple[model.HostFile, ...],
                                                                     tuple[model.DrmNode, ...]]:
     """(graphics files, DRM nodes) of a driver root."""

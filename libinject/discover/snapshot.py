@@ -457,11 +457,14 @@ def verify(driver, host: HostView) -> None:
     _need(driver.imex_channels == _nodes_now(
         host.imex, os.path.join(dev, "nvidia-caps-imex-channels"), "/dev/nvidia-caps-imex-channels",
         _numbered(host.imex, "channel")), "IMEX channel nodes differ from dev/nvidia-caps-imex-channels")
+    from libinject.discover import graphics
     if host.dri:    # a few readlinks and stats, only on hosts with DRM nodes
-        from libinject.discover.graphics import drm_nodes
-        _need(driver.drm_devices == drm_nodes(host.dev_root, gpus), "DRM nodes differ from dev/dri")
+        _need(driver.drm_devices == graphics.drm_nodes(host.dev_root, gpus), "DRM nodes differ from dev/dri")
     else:
         _need(not driver.drm_devices, "DRM nodes but no dev/dri")
+    # under the root is not enough (the root is often "/"): the files discovery looks for
+    _need(graphics.could_find(host.root, driver.info.driver_version, driver.graphics_files),
+          "graphics files are not the driver root's")
 
     # MIG: the table the driver publishes now, and the minors of each MIG device in it.
     table = mig_minors_for(host.mig_minors or "", gpus)
