@@ -436,6 +436,9 @@ def verify(driver, host: HostView) -> None:
     for g in gpus:
         name = _procfs.gpu_entry(dirs, g.bus_id)
         if name is None:
+            # The driver makes a gpus/<bus> entry for each of its GPUs: a GPU without one
+            # has a bus id nothing confirms (e.g. another device's, to get its DRM nodes).
+            _need(not driver.procfs_dir, f"GPU {g.index} has no gpus/ entry for its bus id")
             continue
         want_dirs[g.bus_id] = name
         info = (tree or {}).get(f"{name}/information")
