@@ -12,7 +12,9 @@ fresh busybox rootfs with runc's /dev tmpfs and /proc, a "container" process in 
 private mount namespace, apply(edits, rootfs, pid=<container>, worker=False,
 no_cgroups=True) in a fresh fork of the server (as a served worker is a fork of the
 service). The host and the rootfs are on a tmpfs (the disk is everyone's on this
-machine). Reported: wall time and CPU time (user+sys) of the apply() call.
+machine). Reported: wall time, CPU time (user+sys) and minor page faults of the apply()
+call. Where B has ldcache_merge.remember_host_libraries, its server fills it from its
+driver first, as `nvhook serve` does at warm-up.
 
 Usage: python bench/ab_apply.py A_DIR B_DIR [--n N] [--case 1|8|both]
        (A_DIR, B_DIR: directories holding a libinject package, e.g. a git worktree)
@@ -66,6 +68,9 @@ def _serve(impl: str, case: str) -> int:  # pragma: no cover - a server process
             req = (Request(devices="0") if case == "1"
                    else Request(devices="all", capabilities=ALL_CAPS))
             edits = plan(req, driver, lib_dir=lib_dir, lib32_dir=lib32_dir)
+            from libinject.apply import ldcache_merge
+            if hasattr(ldcache_merge, "remember_host_libraries"):   # as `nvhook serve` warms up
+                ldcache_merge.remember_host_libraries(lib.path for lib in driver.libraries)
             gc.collect()
             gc.freeze()
             i = 0
@@ -88,7 +93,8 @@ def _serve(impl: str, case: str) -> int:  # pragma: no cover - a server process
                         t1 = time.perf_counter()
                         ru1 = resource.getrusage(resource.RUSAGE_SELF)
                         cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
-                        os.write(w, json.dumps([(t1 - t0) * 1e3, cpu * 1e3]).encode())
+                        os.write(w, json.dumps([(t1 - t0) * 1e3, cpu * 1e3,
+                                                ru1.ru_minflt - ru0.ru_minflt]).encode())
                         code = 0
                     finally:
                         os._exit(code)
@@ -134,13 +140,14 @@ def _paired(a: str, b: str, case: str, n: int) -> None:
             p.wait(WAIT_S)
     print(f"== {'1 GPU utility,compute' if case == '1' else '8 GPUs all capabilities'}, "
           f"{n} pairs")
-    for col, what in ((0, "wall"), (1, "cpu ")):
+    for col, what in ((0, "wall"), (1, "cpu "), (2, "minflt")):
         xa = [s[col] for s in got[0]]
         xb = [s[col] for s in got[1]]
         d = [y - x for x, y in zip(xa, xb)]
         q1, _, q3 = statistics.quantiles(d, n=4)
-        print(f"  {what}: A median {statistics.median(xa):6.2f} ms   B median "
-              f"{statistics.median(xb):6.2f} ms   B-A paired median {statistics.median(d):+.2f} ms "
+        unit = "" if col == 2 else " ms"
+        print(f"  {what}: A median {statistics.median(xa):6.2f}{unit}   B median "
+              f"{statistics.median(xb):6.2f}{unit}   B-A paired median {statistics.median(d):+.2f}{unit} "
               f"(quartiles {q1:+.2f} .. {q3:+.2f})")
 
 

@@ -15,6 +15,9 @@ are of the whole hook process from its open of /proc/PID/ns/mnt on.
 --here: apply(pid=None) in the bench's own (private) mount namespace, as `configure
 ROOTFS` without --pid (the mounts outlive the apply there, so they are journaled too).
 
+Where the tree has ldcache_merge.remember_host_libraries, the driver's libraries' ELF
+facts are remembered first, as `nvhook serve` does at warm-up (its workers' applies).
+
 Usage: python bench/syscalls_apply.py [--impl DIR] [--worker] [--here] [--runc] [--top N]
        (re-runs itself under strace; needs strace and root; --impl not with --runc)
 """
@@ -54,6 +57,9 @@ def _inner(impl: str | None, worker: bool, here: bool = False) -> int:
         template = build_rootfs(t / "template")
         subprocess.run(["/sbin/ldconfig", "-r", str(template)], check=True)
         driver = discover(str(host), snapshot=False)
+        from libinject.apply import ldcache_merge
+        if hasattr(ldcache_merge, "remember_host_libraries"):   # as `nvhook serve` warms up
+            ldcache_merge.remember_host_libraries(lib.path for lib in driver.libraries)
         lib_dir, lib32_dir = container_lib_dirs(str(template))
         cases = {
             "1gpu": plan(Request(devices="0"), driver, lib_dir=lib_dir, lib32_dir=lib32_dir),

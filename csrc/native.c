@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #ifndef MOUNT_ATTR_RDONLY
 #include <linux/mount.h>
@@ -165,6 +166,12 @@ long nv_fstatfs_type(int fd)
         return -errno;
     return (long)s.f_type;
 }
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+int nv_populate_write(unsigned long addr, unsigned long len)
+{ RET(madvise((void *)addr, len, MADV_POPULATE_WRITE)); }
 
 int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root)
 {

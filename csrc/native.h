@@ -44,6 +44,11 @@ long nv_fstatfs_type(int fd);
  * mount's root (STATX_ATTR_MOUNT_ROOT); -ENOSYS where the kernel cannot say. */
 int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root);
 
+/* madvise(addr, len, MADV_POPULATE_WRITE) (Linux 5.14): fault our own pages in as a
+ * write would, writing nothing (the service's spares copy ahead what requests write);
+ * 0 or -errno. */
+int nv_populate_write(unsigned long addr, unsigned long len);
+
 /* The ldconfig sandbox: a fresh anonymous session keyring (keyctl
  * KEYCTL_JOIN_SESSION_KEYRING, NULL), and its seccomp deny-list (needs no_new_privs). */
 int nv_join_session_keyring(void);

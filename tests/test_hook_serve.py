@@ -388,3 +388,178 @@ def test_container_env_reaches_neither_server_nor_worker(tmp_path, hook_config, 
     # nor did anything reach the server's own environment
     environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes()
     assert b"LD_PRELOAD" not in environ and b"PYTHON" not in environ and b"NVIDIA" not in environ
+
+
+# -- pre-faulted spares ---------------------------------------------------------------------
+
+def _private_dirty_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1])
+    raise AssertionError("no Private_Dirty")
+
+
+def test_spares_copy_ahead_the_pages_requests_write(tmp_path, a100_host, hook_config, server):
+    """Each worker reports the server's pages it holds copies of; the server keeps their
+    union and the spares forked after copy those pages while they wait, at idle priority,
+    so the request they get takes few copy-on-write faults (bench/ab_served.py counts
+    them). Seen from outside: a later spare holds that many more private pages than the
+    first one did, and a spare waits under SCHED_IDLE."""
+    server.wait_until(lambda: len(server.spares()) == 1, "a spare worker waiting")
+    [first] = server.spares()
+    assert os.sched_getscheduler(first) == os.SCHED_OTHER     # nothing to pre-fault yet
+    before = _private_dirty_kib(first)
+    for _ in range(3):      # the third request's spare is forked after the first's report
+        with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+            assert c.run().returncode == 0
+    assert server.statuses() == [0, 0, 0], server.log()
+    pages = int(re.findall(r"spares pre-fault (\d+) pages", server.log())[-1])
+    assert 100 < pages <= 4096
+    server.wait_until(lambda: len(server.spares()) == 1 and
+                      _private_dirty_kib(server.spares()[0]) > before + pages * 4 // 2,
+                      "a spare holding the learned pages")
+    [spare] = server.spares()
+    assert os.sched_getscheduler(spare) == os.SCHED_IDLE      # until it gets a request:
+    hang = _hanging_config(tmp_path, a100_host)                 # (a hook that waits on its log)
+    with _runc(tmp_path, hang, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+        c.write_config()
+        t = threading.Thread(target=_front, args=(hang, server.sock, c.bundle))
+        t.start()
+        server.wait_until(server.workers, "running a worker")
+        assert server.workers() == [spare]
+        assert os.sched_getscheduler(spare) == os.SCHED_OTHER   # the request's worker: normal
+        os.kill(spare, signal.SIGKILL)
+        t.join(90)
+    assert "imported after fork" not in server.log()
+
+
+def test_a_burst_is_served_by_spares_with_no_time_to_set_up(tmp_path, hook_config, server):
+    """Containers started at once: each request takes the spare forked a moment before
+    (no time yet to set up or to say it pre-faults; the server has closed its end by
+    then). Every one is still served by the service: none falls back to Python."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for _ in range(3):      # pages learned: spares have something to pre-fault
+        with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+            assert c.run().returncode == 0
+    assert "spares pre-fault" in server.log()
+
+    def one(_):
+        with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+            return c.run().returncode
+
+    with ThreadPoolExecutor(12) as pool:
+        assert list(pool.map(one, range(12))) == [0] * 12
+    server.wait_until(lambda: len(server.statuses()) == 15, "15 statuses")
+    assert server.statuses() == [0] * 15, server.log()
+    # each one went through a worker's request path (a spare that gave up would still
+    # leave "status 0", from the server, and its front would have run Python itself)
+    assert server.log().count(" env=[PATH]") == 15, server.log()
+
+
+def _in_fork(fn, *args):
+    """fn(*args) in a forked child (a fork, as a worker is); its result (repr/eval)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 1
+        try:
+            os.write(w, repr(fn(*args)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with Child(pid) as c:
+        out = b"".join(iter(lambda: os.read(r, 65536), b""))
+        assert c.wait(30) == 0
+    os.close(r)
+    return eval(out)
+
+
+def _buffer(npages: int):
+    """An anonymous mapping of npages, every page present (written)."""
+    import mmap
+
+    from libinject.linux.native import address_of
+    from libinject.runtime.service import PAGE
+
+    m = mmap.mmap(-1, npages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for i in range(npages):
+        m[i * PAGE] = 1
+    return m, address_of(m) // PAGE
+
+
+def _own(first: int, npages: int) -> list[int]:
+    """Which of the pages first.. this process holds its own copy of (copied_pages)."""
+    from libinject.runtime.service import copied_pages
+
+    return [p - first for f, n in copied_pages() for p in range(f, f + n) if first <= p < first + npages]
+
+
+def test_copied_pages_are_the_pages_a_fork_wrote():
+    from libinject.runtime.service import PAGE
+
+    m, first = _buffer(16)
+
+    def child():
+        for i in (3, 4, 10):
+            m[i * PAGE + 7] = 2
+        return _own(first, 16)
+
+    assert _in_fork(child) == [3, 4, 10]
+    assert _own(first, 16) == list(range(16))       # all the parent's own (no other mapper)
+
+
+def test_prefault_copies_and_writes_nothing():
+    import resource
+
+    from libinject.runtime.service import PAGE, populate_write_works, prefault
+
+    assert populate_write_works()       # Linux >= 5.14, as on this machine kind
+    m, first = _buffer(48)
+    m[5 * PAGE:5 * PAGE + 4] = b"keep"
+    ahead, other, warm = [*range(8), *range(20, 24)], list(range(8, 20)), list(range(32, 44))
+
+    def write(pages) -> int:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for i in pages:
+            m[i * PAGE + 9] = 3
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+    def child():
+        asked = prefault([(first, 8), (first + 20, 4)])
+        own = _own(first, 48)
+        kept = bytes(m[5 * PAGE:5 * PAGE + 4])
+        write(warm)                 # (the loop's own first faults)
+        return asked, own, kept, write(ahead), write(other)
+
+    asked, own, kept, faults_ahead, faults_other = _in_fork(child)
+    assert asked == 12 and own == ahead and kept == b"keep"    # copied, nothing written
+    assert faults_other >= 12 and faults_ahead <= 2, (faults_ahead, faults_other)
+
+
+def test_prefault_stops_for_a_request():
+    from libinject.runtime.service import PREFAULT_STEP, prefault
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        # pages not mapped (madvise says ENOMEM): only the count of pages asked for matters
+        runs = [(1000 + 10 * i, PREFAULT_STEP) for i in range(4)]
+        assert prefault(runs, a) == 4 * PREFAULT_STEP
+        b.send(b"x")        # a request is waiting: it stops at its next look
+        assert prefault(runs, a) == PREFAULT_STEP
+
+
+def test_learned_pages_are_checked_and_bounded(sockdir):
+    from libinject.runtime.service import MAX_PREFAULT, Server
+
+    s = Server(str(sockdir / "x.sock"))
+    s._keep_pages([[10, 2], [20, 1]])
+    s._keep_pages([[12, 1]])
+    assert s.prefault_runs == [(10, 3), (20, 1)]
+    for bad in ([["10", 1]], [[-1, 1]], [[5, 0]], [[5, True]], [[5, 1, 1]], [5, 1], {"5": 1},
+                [[30, 1], [0, MAX_PREFAULT]]):          # (too many: none of it is taken)
+        s._keep_pages(bad)
+        assert s.prefault_runs == [(10, 3), (20, 1)]
+    s._keep_pages([[100, MAX_PREFAULT - 1]])        # the union would be too large: only this
+    assert s.prefault_runs == [(100, MAX_PREFAULT - 1)]

@@ -433,3 +433,107 @@ def test_a_cache_naming_too_many_directories_is_not_merged():
     fake = SimpleNamespace(paths=[b"/d%d/libx.so.1" % i for i in range(n)], hwcap=[0] * n)
     with pytest.raises(m.Unsupported, match=f"names {n} directories"):
         m._ranks(None, fake, [], [])
+
+
+# -- the host libraries' ELF facts, remembered (nvhook serve) ----------------------------
+@pytest.fixture
+def facts():
+    """libinject.apply.ldcache_merge with nothing remembered, before and after."""
+    from libinject.apply import ldcache_merge
+
+    ldcache_merge.forget_host_libraries()
+    yield ldcache_merge
+    ldcache_merge.forget_host_libraries()
+
+
+def _read_now(m, path: str):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return m.read_elf(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _elf_of_path(m, path) -> tuple:
+    fd = os.open(path, os.O_PATH)
+    try:
+        return m._elf_of(fd)
+    finally:
+        os.close(fd)
+
+
+def test_remembered_facts_are_the_files(a100_host, facts, monkeypatch):
+    """The service reads its driver's libraries once (remember_host_libraries); a
+    lookup through any fd of the same unchanged file gets the same (soname, flags)
+    without reading it."""
+    from libinject.discover.driver import discover
+
+    paths = [lib.path for lib in discover(str(a100_host), snapshot=False).libraries]
+    fresh = {p: _read_now(facts, p) for p in paths}
+    assert len(paths) > 40 and all(fresh.values())
+    assert facts.remember_host_libraries(paths) == len(paths)
+    assert facts.remember_host_libraries(paths) == len(paths)      # known: not read again
+
+    def no_read(*a):
+        raise AssertionError("read again")
+
+    monkeypatch.setattr(facts, "read_elf", no_read)
+    assert {p: _elf_of_path(facts, p) for p in paths} == fresh
+
+
+def test_a_changed_library_is_read_again(tmp_path, facts):
+    """Keyed by the file's identity, size and times: the same inode rewritten (here
+    with another SONAME, same size) is another key and is read again; lookups never
+    fill the memory (only remember_host_libraries does)."""
+    from support.simhost import compile_lib
+
+    lib = compile_lib(tmp_path / "libx.so.1", "libx.so.1")
+    other = compile_lib(tmp_path / "o/liby.so.1", "liby.so.1")
+    assert lib.stat().st_size == other.stat().st_size
+    assert facts.remember_host_libraries([str(lib)]) == 1
+    assert _elf_of_path(facts, lib)[0] == b"libx.so.1"
+    ino = lib.stat().st_ino
+    with open(lib, "r+b") as f:
+        f.write(other.read_bytes())
+    assert lib.stat().st_ino == ino
+    assert _elf_of_path(facts, lib)[0] == b"liby.so.1"
+    assert _elf_of_path(facts, other)[0] == b"liby.so.1"
+    assert len(facts._FACTS) == 1                   # still only what was remembered
+
+
+def test_remember_follows_no_symlink_and_opens_nothing_else(tmp_path, facts):
+    """Host paths are opened as the applier opens them: no symlink followed (in any
+    component), an O_PATH fd first, read only if it is a regular file (a FIFO or a
+    device is never opened for reading)."""
+    from support.simhost import compile_lib
+
+    lib = compile_lib(tmp_path / "d/libx.so.1", "libx.so.1")
+    (tmp_path / "link.so.1").symlink_to(lib)
+    (tmp_path / "dirlink").symlink_to(tmp_path / "d")
+    os.mkfifo(tmp_path / "fifo.so.1")
+    paths = [tmp_path / "link.so.1", tmp_path / "dirlink/libx.so.1", tmp_path / "fifo.so.1",
+             "/dev/null", tmp_path / "d", tmp_path / "missing.so.1", "relative.so.1"]
+    assert facts.remember_host_libraries(map(str, paths)) == 0 and not facts._FACTS
+
+
+def test_merge_uses_remembered_facts(tmp_path, plans, a100_host, facts, no_leaked_mounts):
+    """apply() looks the mounted libraries up by their source fds (open_tree clones of
+    the host files): with the driver's libraries remembered the merge gives ldconfig's
+    cache, and what it used is the remembered facts (a poisoned entry shows)."""
+    from libinject.discover.driver import discover
+
+    paths = [lib.path for lib in discover(str(a100_host), snapshot=False).libraries]
+    facts.remember_host_libraries(paths)
+    a, b = _twins(tmp_path, "debian")
+    edits = _edits(plans, "debian", "all")
+    merged = apply(a, edits, MERGE)
+    ran = apply(b, edits, LDCONFIG_ONLY)
+    assert (merged["error"], merged["fallback"], merged["cache"]) == (None, None, ran["cache"])
+
+    cuda = next(p for p in paths if p.rsplit("/", 1)[-1].startswith("libcuda.so."))
+    key = facts._identity(os.stat(cuda))
+    soname, flags = facts._FACTS[key]
+    facts._FACTS[key] = (b"libpoisoned.so.1", flags)
+    c = make_image(tmp_path / "poisoned", "debian")
+    got = apply(c, edits, MERGE)
+    assert got["error"] is None and b"libpoisoned.so.1" in got["cache"] and soname == b"libcuda.so.1"

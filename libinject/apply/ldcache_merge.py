@@ -440,16 +440,106 @@ def read_elf(fd: int, size: int) -> tuple[bytes | None, int] | None:
 
 def _elf_of(fd: int) -> tuple[bytes | None, int] | None:
     """read_elf of a library we mounted: fd is the source we attached (open_tree's
-    O_PATH fd, or any fd of the file), reopened for reading through /proc/self/fd."""
+    O_PATH fd, or any fd of the file), reopened for reading through /proc/self/fd;
+    or what remember_host_libraries() read of the same file, unchanged since."""
+    if _FACTS:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            got = _FACTS.get(_identity(st), _UNKNOWN)
+            if got is not _UNKNOWN:
+                return got      # type: ignore[return-value]
+    return _read_elf_fd(fd)[1]
+
+
+def _read_elf_fd(fd: int) -> tuple[os.stat_result | None, tuple[bytes | None, int] | None]:
+    """(stat of the file read, its read_elf) through a reopening of fd (an O_PATH fd,
+    or any) for reading; (None, None) when it is not a regular file."""
     rfd = os.open(f"self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK,
                   dir_fd=proc_fd())
     try:
         st = os.fstat(rfd)
         if not stat.S_ISREG(st.st_mode):
-            return None
-        return read_elf(rfd, st.st_size)
+            return None, None
+        return st, read_elf(rfd, st.st_size)
     finally:
         os.close(rfd)
+
+
+# -- the host's libraries, remembered ------------------------------------------------------
+# ELF facts (read_elf) of the driver root's libraries, by the identity of the very file
+# read: device, inode, size, modification and change times (a file written or replaced
+# since is another key, and read again). Filled only by remember_host_libraries(), which
+# `nvhook serve` calls with the libraries its own discovery found (in its own mount
+# namespace) before it forks workers, so they inherit it; nothing else fills it, and it
+# is never written anywhere. A worker's lookups are by fstat of the source fds the
+# planner chose and the applier opened on the host side: a container's files are never
+# keys (and a key only ever stands for the facts of that same file).
+_FACTS: dict[tuple[int, int, int, int, int], tuple[bytes | None, int] | None] = {}
+_UNKNOWN = object()
+MAX_FACTS = 4096
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def remember_host_libraries(paths: Iterable[str]) -> int:
+    """Read and keep in memory the ELF facts of these host library files (discovery's
+    Library.path, all under the driver root), for the merges of this process and its
+    forks. Each is opened as the applier opens a host source (no symlink followed, an
+    O_PATH fd, read only if a regular file); a file that cannot be read, or that changed
+    while read, is left out (the merge reads it itself). Returns how many are known."""
+    from libinject.apply.rootfs import openat2
+    from libinject.linux import native
+
+    n = 0
+    added = False
+    for path in paths:
+        if not path.startswith("/"):
+            continue
+        try:
+            pfd = openat2(native.AT_FDCWD, path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          native.RESOLVE_NO_SYMLINKS | native.RESOLVE_NO_MAGICLINKS)
+        except OSError:
+            continue
+        try:
+            before = os.fstat(pfd)
+            if not stat.S_ISREG(before.st_mode):
+                continue
+            key = _identity(before)
+            if key in _FACTS:
+                n += 1
+                continue
+            st, facts = _read_elf_fd(pfd)
+            if st is None or _identity(st) != key or _identity(os.fstat(pfd)) != key:
+                continue
+        except (OSError, Unsupported):
+            continue
+        finally:
+            os.close(pfd)
+        if len(_FACTS) >= MAX_FACTS:
+            _FACTS.clear()
+        _FACTS[key] = facts
+        n += 1
+        added = True
+    if added:
+        _compact()
+    return n
+
+
+def _compact() -> None:
+    """The entries made again, one after the other: a lookup writes to the objects it
+    finds (reference counts), and each page of the server's a forked worker writes is
+    copied; packed, a merge touches a few pages of them, not a few per library."""
+    global _FACTS
+    flags: dict[int, int] = {}
+    _FACTS = {(*k,): None if v is None else
+              (None if v[0] is None else bytes(bytearray(v[0])), flags.setdefault(v[1], v[1]))
+              for k, v in _FACTS.items()}
+
+
+def forget_host_libraries() -> None:
+    _FACTS.clear()
 
 
 # -- the merge ---------------------------------------------------------------------------

@@ -171,6 +171,19 @@ def mount_id(fd: int) -> tuple[int, bool]:
     return int(mid[0]), bool(root[0])
 
 
+def address_of(buf) -> int:
+    """The address of a writable buffer's memory (an mmap), for populate_write."""
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(buf)))
+
+
+def populate_write(addr: int, length: int) -> int:
+    """madvise(MADV_POPULATE_WRITE) over [addr, addr+length) of our own memory: 0, or the
+    errno (EINVAL: a kernel before 5.14; ENOMEM: not mapped). Never raises: callers
+    only lose a head start."""
+    ret = lib.nv_populate_write(addr, length)
+    return -ret if ret < 0 else 0
+
+
 def join_session_keyring() -> int:
     """Join a new anonymous session keyring (keyctl KEYCTL_JOIN_SESSION_KEYRING, NULL):
     nothing keyed in the caller's session is reachable afterwards. Returns its id."""

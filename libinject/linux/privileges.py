@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import AbstractSet
 
 _CAP_LAST_CAP: int | None = None
+_ALL_KNOWN_UP_TO = -1       # python-prctl knows every capability up to this one (checked)
 # Every capability python-prctl was built with (as prctl.ALL_CAPS).
 ALL_CAPS = tuple(sorted({getattr(_prctl, n) for n in dir(_prctl) if n.startswith("CAP_")
                          and n not in ("CAP_EFFECTIVE", "CAP_PERMITTED", "CAP_INHERITABLE")}))
@@ -37,21 +38,49 @@ def cap_last_cap() -> int:
     return _CAP_LAST_CAP
 
 
+def _bounding_set() -> int:
+    """This thread's bounding set as the kernel reports it (CapBnd in
+    /proc/thread-self/status); every bit set when it cannot be read (drop them all)."""
+    try:
+        fd = os.open("thread-self/status", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_fd())
+    except OSError:
+        return -1
+    try:
+        text = os.read(fd, 1 << 16)
+    except OSError:
+        return -1
+    finally:
+        os.close(fd)
+    i = text.find(b"\nCapBnd:")
+    if i < 0:
+        return -1
+    try:
+        return int(text[i + 8:text.index(b"\n", i + 1)].strip(), 16)
+    except ValueError:
+        return -1
+
+
 def limit_capabilities(keep: AbstractSet[int], *, last_cap: int | None = None) -> None:
     """Keep only `keep` in the effective, permitted and bounding sets of this process
     and clear the inheritable set (and with it the ambient one), so what runs later in
     this process cannot use the rest. The bounding set needs CAP_SETPCAP: without it
     (not root) that part is skipped."""
+    global _ALL_KNOWN_UP_TO
     if last_cap is None:
         last_cap = cap_last_cap()
-    unknown = set(range(last_cap + 1)) - set(ALL_CAPS)
-    if unknown:
-        # capset through python-prctl only names the capabilities it was built with:
-        # the kernel's newer ones would stay set (fail closed instead)
-        raise OSError(errno.EINVAL, f"python-prctl does not know capability {min(unknown)} "
-                      "of this kernel; cannot drop it")
+    if last_cap != _ALL_KNOWN_UP_TO:
+        unknown = set(range(last_cap + 1)) - set(ALL_CAPS)
+        if unknown:
+            # capset through python-prctl only names the capabilities it was built with:
+            # the kernel's newer ones would stay set (fail closed instead)
+            raise OSError(errno.EINVAL, f"python-prctl does not know capability {min(unknown)} "
+                          "of this kernel; cannot drop it")
+        _ALL_KNOWN_UP_TO = last_cap
+    # Only what the kernel says is still in this thread's bounding set: a served worker
+    # drops at set-up and the applier again, and one prctl per capability is ~30 calls.
+    bound = _bounding_set()
     for cap in range(last_cap + 1):
-        if cap not in keep:
+        if cap not in keep and bound >> cap & 1:
             try:
                 _prctl.prctl(_prctl.PR_CAPBSET_DROP, cap)
             except (OSError, ValueError):

@@ -41,13 +41,29 @@ opened as the service would. Only the prestart stage is served (a createContaine
 runs in the container's namespaces). A worker keeps only the capabilities the hook
 needs, and its environment is PATH alone: settings come from the hook's argv
 (--config) and root-owned files, never from an environment.
+
+Pre-faulted spares: a worker is a fork of the server, so every page of the server's it
+writes (a refcount, an allocator's free list) is copied on that first write, a fault
+(~900 of them, ~4.5 ms of a 1-GPU start's CPU on the development VM). The pages requests
+write are much the same each time: a worker, once its status is sent, reports which
+pages it holds copies of (/proc/self/pagemap: present, anonymous, mapped by it alone;
+the first LEARN_FIRST workers, then one in LEARN_EVERY), the server keeps their union
+(in memory, at most MAX_PREFAULT pages: addresses in its own address space, nothing
+else) and each spare copies those pages while it waits (MADV_POPULATE_WRITE: faulted in
+writable, nothing written), stopping as soon as a request comes. While it does, the
+server has it run SCHED_IDLE (CPU nobody else wants: never at the expense of a start in
+flight), and gives it normal priority back as it hands it a request. Spares and workers
+run with the cyclic GC off (a collection walks, and so copies, the inherited heap; a
+worker lives for one request).
 """
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import math
 import os
+import select
 import selectors
 import signal
 import socket
@@ -86,6 +102,13 @@ INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
 WORKER_NAME = "nvhook-worker"
 REPORTED = 0x80                 # in a worker's exit status: it sent b"S" itself (hook codes < 128)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_PREFAULT = 4096             # pages a spare copies ahead at most (16 MiB); beyond: relearn
+PREFAULT_STEP = 64              # pages a spare copies between two looks for a request
+LEARN_FIRST = 8                 # workers report their copied pages: the first ones, then
+LEARN_EVERY = 16                # every 16th (the page scan is ~1 ms after the status)
+PREFAULTING = b"P"              # spare -> server: set up, pre-faulting (its CPU may go idle)
+MAX_MAPPING_PAGES = 1 << 16     # a worker's mappings larger than this (256 MiB) are not scanned
 
 # What the hook (and the children it forks without exec) may import: all of it before
 # any worker runs, so no worker ever reads Python from the front's mount namespace.
@@ -217,18 +240,114 @@ class DriverCache:
         while len(self.entries) > MAX_CACHED:
             del self.entries[next(iter(self.entries))]
 
-    def dump_new(self) -> bytes:
+    def dump_new(self) -> list:
+        """What this worker discovered, for the server (load_new), as JSON values."""
         from libinject.record import asdict
 
-        return json.dumps([[list(k), asdict(d)] for k, d in self.new]).encode()
+        return [[list(k), asdict(d)] for k, d in self.new]
 
-    def load_new(self, data: bytes) -> int:
+    def load_new(self, items: list) -> list:
+        """A worker's dump_new(), remembered; returns the Drivers."""
         from libinject.discover.snapshot import driver_from_dict
 
-        items = json.loads(data)
+        drivers = []
         for k, d in items:
-            self.remember(tuple(k), driver_from_dict(d))
-        return len(items)
+            drivers.append(driver_from_dict(d))
+            self.remember(tuple(k), drivers[-1])
+        return drivers
+
+
+# -- pre-faulting spares ---------------------------------------------------------------------
+
+# pagemap entry's top byte: bit 63 present (0x80), 61 file page or shared anonymous (0x20),
+# 56 mapped by this process alone (0x01): a page of our own, copied or new.
+_OWN_PAGE = bytes(1 if b & 0xA1 == 0x81 else 0 for b in range(256))
+
+
+def copied_pages() -> list[tuple[int, int]]:
+    """Runs (first page number, count) of the pages of our private writable mappings that
+    this process holds its own copy of: in a worker, the pages of the server's it wrote
+    (and pages new since the fork). Stacks and the kernel's [vvar]-like mappings aside."""
+    from libinject.linux import proc
+
+    dfd = proc.proc_fd()
+    fd = os.open("self/maps", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    runs: list[tuple[int, int]] = []
+    fd = os.open("self/pagemap", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        for line in b"".join(chunks).splitlines():
+            fields = line.split(None, 5)
+            if len(fields) < 5 or fields[1][1:2] != b"w" or fields[1][3:4] != b"p":
+                continue
+            name = fields[5].strip() if len(fields) > 5 else b""
+            if name.startswith(b"[") and name != b"[heap]":
+                continue
+            lo, _, hi = fields[0].partition(b"-")
+            first, end = int(lo, 16) // PAGE, int(hi, 16) // PAGE
+            if not 0 < end - first <= MAX_MAPPING_PAGES:
+                continue
+            own = os.pread(fd, (end - first) * 8, first * 8)[7::8].translate(_OWN_PAGE)
+            i = own.find(1)
+            while i >= 0:
+                j = own.find(0, i)
+                if j < 0:
+                    j = len(own)
+                runs.append((first + i, j - i))
+                i = own.find(1, j)
+    finally:
+        os.close(fd)
+    return runs
+
+
+def _as_runs(pages: list[int]) -> list[tuple[int, int]]:
+    """Sorted page numbers as (first, count) runs."""
+    runs: list[tuple[int, int]] = []
+    for p in pages:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
+def populate_write_works() -> bool:
+    """Whether this kernel takes MADV_POPULATE_WRITE (5.14), tried on a page of ours."""
+    import mmap
+
+    from libinject.linux import native
+
+    m = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        return native.populate_write(native.address_of(m), PAGE) == 0
+    finally:
+        m.close()
+
+
+def prefault(runs: list[tuple[int, int]], sock: socket.socket | None = None) -> int:
+    """Copy these pages of ours now (MADV_POPULATE_WRITE faults them in as a write would,
+    writing nothing); stops early when sock becomes readable (a request: serve it
+    first). Returns the number of pages asked for. A run no longer mapped (ENOMEM) is
+    only pages left to be copied when written."""
+    from libinject.linux.native import populate_write
+
+    done = since = 0
+    for first, n in runs:
+        for at in range(first, first + n, PREFAULT_STEP):
+            if sock is not None and since >= PREFAULT_STEP:
+                since = 0
+                if select.select([sock], [], [], 0)[0]:
+                    return done
+            k = min(PREFAULT_STEP, first + n - at)
+            populate_write(at * PAGE, k * PAGE)
+            done += k
+            since += k
+    return done
 
 
 # -- the socket ---------------------------------------------------------------------------
@@ -308,6 +427,10 @@ class _Job:
     deadline: float
     timed_out: bool = False
     reported: bool = False      # the worker sent the front its status itself
+    # A spare's end of the socket pair, kept open until the worker is gone: closed with
+    # its PREFAULTING unread, it would fail the spare's recvmsg (ECONNRESET) before
+    # the request queued behind it.
+    spare_sock: socket.socket | None = None
 
 
 class Server:
@@ -324,6 +447,14 @@ class Server:
         self.verbose = verbose
         self.notify = notify
         self.cache = DriverCache()
+        # The pages workers copied (their reports' union) and as runs, for spares to
+        # copy ahead (prefault); prefaulting: the kernel can (populate_write_works).
+        self.prefault_pages: set[int] = set()
+        self.prefault_runs: list[tuple[int, int]] = []
+        self.prefaulting = False
+        self.requests = 0               # handed to a worker
+        self.asked = 0                  # of them, asked to report their pages
+        self._spare_idle = False        # the spare said PREFAULTING: it runs SCHED_IDLE
         self.jobs: dict[int, _Job] = {}          # by the worker's pidfd
         # The next request's worker, forked ahead of it: (its Child, our end of its socket).
         self.spare: tuple[Child, socket.socket] | None = None
@@ -353,6 +484,9 @@ class Server:
         if warm is not None:
             self.warm(warm)
         cap_last_cap()          # read once here, not in every worker
+        self.prefaulting = populate_write_works()
+        if not self.prefaulting:
+            self.log("spares are not pre-faulted: the kernel has no MADV_POPULATE_WRITE (5.14)")
         self.sock, self.lock, self._st = bind(self.path)
         self.sock.setblocking(False)
         self.sel.register(self.sock, selectors.EVENT_READ, "accept")
@@ -370,10 +504,21 @@ class Server:
         is served warm."""
         try:
             d = options.discover(self.cache.discover)
-            self.log(f"warm: driver {d.info.driver_version}, {len(d.info.gpus)} GPUs under {d.root}")
+            n = self._remember_libraries(d)
+            self.log(f"warm: driver {d.info.driver_version}, {len(d.info.gpus)} GPUs under {d.root}, "
+                     f"{n} libraries' ELF facts")
         except NvhookError as e:
             self.log(f"warm: {e} (discovering per request)")
         self.cache.new.clear()
+
+    @staticmethod
+    def _remember_libraries(driver) -> int:
+        """The ELF facts of the driver's libraries, read here (our own namespace, the
+        driver root discovery found them in) for the workers' ld.so.cache merges
+        (libinject.apply.ldcache_merge.remember_host_libraries); how many are known."""
+        from libinject.apply import ldcache_merge
+
+        return ldcache_merge.remember_host_libraries(lib.path for lib in driver.libraries)
 
     def _on_signal(self, signum, frame) -> None:
         self.stopping = True
@@ -390,6 +535,8 @@ class Server:
                         os.read(self._wake_r, 512)
                     except BlockingIOError:
                         pass
+                elif key.data == "spare":
+                    self._spare_says(key.fileobj)
                 else:
                     self._finish(self.jobs[key.fd])
             self._expire()
@@ -455,14 +602,20 @@ class Server:
             return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
         output = os.memfd_create("nvhook-output", os.MFD_CLOEXEC)
-        child = self._to_spare(conn, pid, learned, output) or self._fork_worker(conn, pid, learned, output)
+        learn = self._learn()
+        spare_sock = None
+        handed = self._to_spare(conn, pid, learned, output, learn)
+        if handed is not None:
+            child, spare_sock = handed
+        else:
+            child = self._fork_worker(conn, pid, learned, output, learn)
         if child is None:                   # pragma: no cover - kernels before 5.3
             conn.close()
             os.close(learned)
             os.close(output)
             return
         now = time.monotonic()
-        job = _Job(child, conn, learned, output, pid, now, now + self.timeout)
+        job = _Job(child, conn, learned, output, pid, now, now + self.timeout, spare_sock=spare_sock)
         self.jobs[child.pidfd] = job
         self.sel.register(child.pidfd, selectors.EVENT_READ, "job")
         self._spawn_spare()                 # while this one works, on another CPU
@@ -487,12 +640,23 @@ class Server:
             os.waitpid(worker, 0)           # killed: returns at once
             return None
 
-    def _fork_worker(self, conn: socket.socket, peer: int, learned: int, output: int) -> Child | None:
-        return self._fork(lambda: _Worker(self, conn, peer, learned, output).run())
+    def _fork_worker(self, conn: socket.socket, peer: int, learned: int, output: int,
+                     learn: bool = False) -> Child | None:
+        return self._fork(lambda: _Worker(self, conn, peer, learned, output, learn).run())
+
+    def _learn(self) -> bool:
+        """Should this request's worker report the pages it copied (copied_pages)?"""
+        self.requests += 1
+        if not self.prefaulting or (self.asked >= LEARN_FIRST and self.requests % LEARN_EVERY):
+            return False
+        self.asked += 1
+        return True
 
     # A spare: the fork of a warm server and the worker's own set-up (~2-3 ms on the
     # hook's path) done before the request comes. It waits on a socket pair for the
-    # server to pass it [conn, learned, output] and the peer's pid, then is a worker.
+    # server to pass it [conn, learned, output], the peer's pid and whether to report
+    # its pages, then is a worker; before it waits, it pre-faults what requests write
+    # (saying PREFAULTING first, so the server puts it on idle CPU meanwhile).
     def _spawn_spare(self) -> None:
         if self.spare is not None or self.stopping:
             return
@@ -508,28 +672,64 @@ class Server:
             ours.close()
             return
         self.spare = (child, ours)
+        self._spare_idle = False
+        ours.setblocking(False)
+        self.sel.register(ours, selectors.EVENT_READ, "spare")
 
-    def _to_spare(self, conn: socket.socket, peer: int, learned: int, output: int) -> Child | None:
-        """Hand the request to the spare (None: there is none, or it is gone)."""
+    def _spare_says(self, sock) -> None:
+        """The spare is set up and pre-faulting (PREFAULTING): from now on it runs only
+        on CPU nobody else wants, until it gets a request (_to_spare). The server decides
+        both, one after the other, so a request's worker never stays idle."""
+        if self.spare is None or self.spare[1] is not sock:
+            return          # it took a request in this same round of events
+        child = self.spare[0]
+        try:
+            msg = sock.recv(16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            msg = b""
+        if msg == PREFAULTING and not self._spare_idle:
+            self._spare_idle = _set_idle(child.pid, True)
+        elif not msg:                       # it died: found out when a request comes
+            self.sel.unregister(sock)
+
+    def _take_spare(self) -> tuple[Child, socket.socket] | None:
         if self.spare is None:
             return None
         (child, sock), self.spare = self.spare, None
         try:
-            sock.sendmsg([struct.pack("i", peer)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                     struct.pack("3i", conn.fileno(), learned, output))],
+            self.sel.unregister(sock)
+        except KeyError:
+            pass
+        if self._spare_idle:
+            _set_idle(child.pid, False)     # a request's worker: the runtime waits for it
+        return child, sock
+
+    def _to_spare(self, conn: socket.socket, peer: int, learned: int, output: int,
+                  learn: bool = False) -> tuple[Child, socket.socket] | None:
+        """Hand the request to the spare: (it, our end of its socket pair, to close once
+        it is gone: _Job.spare_sock); None: there is none, or it is gone."""
+        spare = self._take_spare()
+        if spare is None:
+            return None
+        child, sock = spare
+        try:
+            sock.sendmsg([struct.pack("ii", peer, learn)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                             struct.pack("3i", conn.fileno(), learned, output))],
                           socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
         except OSError as e:
             self.log(f"spare worker {child.pid}: {e.strerror}; forking one for the request")
+            sock.close()
             child.close()       # killed and reaped
             return None
-        finally:
-            sock.close()
-        return child
+        return child, sock
 
     def _drop_spare(self) -> None:
-        if self.spare is None:
+        spare = self._take_spare()
+        if spare is None:
             return
-        (child, sock), self.spare = self.spare, None
+        child, sock = spare
         sock.close()
         child.close()       # killed and reaped
 
@@ -558,17 +758,45 @@ class Server:
                 code &= ~REPORTED
             try:
                 size = os.fstat(job.learned).st_size
-                if size:
-                    n = self.cache.load_new(os.pread(job.learned, size, 0))
-                    self.log(f"learned {n} driver(s) from worker {job.child.pid}")
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                self.log(f"ignoring worker {job.child.pid}'s discovery results: {e}")
+                report = json.loads(os.pread(job.learned, size, 0)) if size else {}
+                if report.get("drivers"):
+                    drivers = self.cache.load_new(report["drivers"])
+                    self.log(f"learned {len(drivers)} driver(s) from worker {job.child.pid}")
+                    for d in drivers:
+                        self._remember_libraries(d)
+                if report.get("pages"):
+                    self._keep_pages(report["pages"])
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
+
+    def _keep_pages(self, runs: list) -> None:
+        """A worker's copied pages (copied_pages()), added to what spares pre-fault; past
+        MAX_PREFAULT pages, only this report's (what requests write drifts as the
+        server's heap does)."""
+        pages: set[int] = set()
+        if type(runs) is not list:
+            return
+        for run in runs:
+            if not (type(run) is list and len(run) == 2 and type(run[0]) is int
+                    and type(run[1]) is int and run[0] >= 0 and 0 < run[1] <= MAX_PREFAULT - len(pages)):
+                return      # not what copied_pages() makes: none of it
+            pages.update(range(run[0], run[0] + run[1]))
+        merged = self.prefault_pages | pages
+        if len(merged) > MAX_PREFAULT:
+            merged = pages
+        if merged != self.prefault_pages:
+            self.prefault_pages = merged
+            self.prefault_runs = _as_runs(sorted(merged))
+            if self.verbose:
+                self.log(f"spares pre-fault {len(merged)} pages ({len(self.prefault_runs)} runs)")
 
     def _done(self, job: _Job, code: int) -> None:
         self.sel.unregister(job.child.pidfd)
         del self.jobs[job.child.pidfd]
         job.child.close()
+        if job.spare_sock is not None:
+            job.spare_sock.close()
         os.close(job.learned)
         out = b""
         if not job.reported:
@@ -591,15 +819,17 @@ class Server:
 
 class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/test_hook_serve.py)
     def __init__(self, server: Server, conn: socket.socket, peer: int, learned: int,
-                 output: int) -> None:
+                 output: int, learn: bool = False) -> None:
         self.server, self.conn, self.peer = server, conn, peer
         self.learned, self.output = learned, output
+        self.learn = learn          # report the pages we copied (the server asked)
         self.log = server.log
 
     @staticmethod
     def prepare(server: Server) -> bool:
         """A worker's own set-up, right after the fork; False if the server is gone."""
         os.setsid()     # its own process group: a timeout kills it with its children
+        gc.disable()    # one request: a collection would walk (copy) the server's whole heap
         from libinject.linux.privileges import set_pdeathsig
 
         set_pdeathsig(signal.SIGKILL)     # never outlive the server (nor run unwatched)
@@ -634,20 +864,32 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         if server.log_fd is not None:
             keep.add(server.log_fd)
         _close_all_but(keep)
+        if server.prefaulting and server.prefault_runs:
+            # What requests write, copied before one comes, on idle CPU (the server
+            # makes it so when told, and undoes it when it hands us a request).
+            try:
+                sock.send(PREFAULTING, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+            except OSError:     # its end closed: it handed us a request already (or stops)
+                pass
+            else:
+                prefault(server.prefault_runs, sock)
         try:
-            data, anc, _flags, _ = sock.recvmsg(4, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
-        except OSError:
+            data, anc, _flags, _ = sock.recvmsg(8, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.ECONNRESET:     # (the server stopping: its end closed)
+                server.log(f"spare worker {os.getpid()}: {e}")
             return INTERNAL
         fds: list[int] = []
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
         sock.close()
-        if len(data) != 4 or len(fds) != 3:
+        if len(data) != 8 or len(fds) != 3:
             return 0                        # the server closed its end: not needed
         set_name(WORKER_NAME)
         conn = socket.socket(fileno=fds[0])
-        return _Worker(server, conn, struct.unpack("i", data)[0], fds[1], fds[2]).serve()
+        peer, learn = struct.unpack("ii", data)
+        return _Worker(server, conn, peer, fds[1], fds[2], bool(learn)).serve()
 
     def run(self) -> int:
         if not self.prepare(self.server):
@@ -712,11 +954,6 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
                 sys.stderr.flush()
             except OSError:
                 pass
-        if self.server.cache.new:
-            try:
-                os.write(self.learned, self.server.cache.dump_new())
-            except OSError:
-                pass
         reported = 0
         try:        # the front goes on now; what is left of us is only our exit
             out = os.pread(1, MAX_OUTPUT, 0)      # our stdout: the output memfd
@@ -724,10 +961,29 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             reported = REPORTED
         except OSError:
             pass        # the server sends it once we are gone
+        self._report(bool(reported))
         late = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings."))
         if late:
             self.log(f"warning: imported after fork (add to service.PRELOAD): {', '.join(late)}")
         return (code & 0x7f) | reported
+
+    def _report(self, reported: bool) -> None:
+        """What the server keeps from this request (it reads it once we are gone): the
+        drivers discovered, and, once the front has its status (reported) and if the
+        server asked (learn), the pages we copied."""
+        report: dict[str, list] = {}
+        if self.server.cache.new:
+            report["drivers"] = self.server.cache.dump_new()
+        if reported and self.learn:
+            try:
+                report["pages"] = copied_pages()
+            except OSError as e:
+                self.log(f"request from pid {self.peer}: cannot read our pagemap: {e}")
+        if report:
+            try:
+                os.write(self.learned, json.dumps(report).encode())
+            except OSError:
+                pass
 
     def _check(self, data: bytes, flags: int, fds: list[int]) -> Request | None:
         def decline(why: str) -> None:
@@ -757,6 +1013,16 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             if not _same_ns(fd, name):
                 return decline(f"the peer is not in our {name} namespace")
         return req
+
+
+def _set_idle(pid: int, idle: bool) -> bool:
+    """SCHED_IDLE (runs only on a CPU nothing else wants) or back to SCHED_OTHER; False
+    if that could not be done (gone: the server reaps it later; not allowed)."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        return False
+    return True
 
 
 def _same_ns(fd: int, name: str) -> bool:
