@@ -41,6 +41,20 @@ def sim_host(sim_cache):
 
 
 @pytest.fixture(scope="session")
+def geforce2_host(sim_cache) -> Path:
+    """A shared simulated host with two GeForce GPUs and the graphics surface
+    (support.simhost.TWO_GEFORCE)."""
+    import json
+
+    from libinject.sim.build import create_host
+    from support.simhost import TWO_GEFORCE
+
+    profile = sim_cache / "geforce2.json"
+    profile.write_text(json.dumps(TWO_GEFORCE))
+    return create_host(sim_cache / "geforce2", profile_file=profile)
+
+
+@pytest.fixture(scope="session")
 def a100_host(sim_host) -> Path:
     """The shared a100x8 simulated host the hook tests run containers on."""
     return sim_host("a100x8")

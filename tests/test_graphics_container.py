@@ -4,7 +4,6 @@ library it names (no LD_LIBRARY_PATH: through the ld cache the hook updated) and
 exactly the injected GPU; without the graphics capability there is no ICD to find."""
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -13,25 +12,6 @@ import support.runc as R
 from support.hookenv import write_config
 from support.shimenv import gpu_env, prestart_hooks
 from support.vkprobe import vkprobe_binary
-
-TWO_GEFORCE = {
-    "description": "two GeForce GPUs, for graphics selection tests",
-    "graphics": True, "modeset": True,
-    "gpus": [{"name": "NVIDIA GeForce RTX 4090", "bus_id": "0000:01:00.0", "architecture": "Ada",
-              "memory_mib": 24564, "pci_device_id": "0x268410DE"},
-             {"name": "NVIDIA GeForce RTX 4080", "bus_id": "0000:41:00.0", "architecture": "Ada",
-              "memory_mib": 16376, "pci_device_id": "0x270410DE"}],
-}
-
-
-@pytest.fixture(scope="module")
-def geforce2(tmp_path_factory):
-    from libinject.sim.build import create_host
-
-    d = tmp_path_factory.mktemp("geforce2")
-    (d / "p.json").write_text(json.dumps(TWO_GEFORCE))
-    return create_host(d / "host", profile_file=d / "p.json")
-
 
 def _run_probe(tmp_path, host, env) -> str:
     from libinject.sim.rootfs import build_rootfs
@@ -44,8 +24,8 @@ def _run_probe(tmp_path, host, env) -> str:
         return c.run().stdout
 
 
-def test_vulkan_loader_finds_the_injected_gpu(tmp_path, geforce2):
-    out = _run_probe(tmp_path, geforce2, gpu_env("1", "graphics,compute,utility"))
+def test_vulkan_loader_finds_the_injected_gpu(tmp_path, geforce2_host):
+    out = _run_probe(tmp_path, geforce2_host, gpu_env("1", "graphics,compute,utility"))
     lines = out.splitlines()
     assert [ln for ln in lines if ln.startswith("VK ")] == [
         "VK NVIDIA GeForce RTX 4080 vendor=0x10de type=2 device=0x2704 driver=0x89a8c040 api=1.3.277"], out
@@ -54,8 +34,8 @@ def test_vulkan_loader_finds_the_injected_gpu(tmp_path, geforce2):
     assert lines[lines.index("rc=0") + 1:] == ["by-path", "card1", "renderD129"], out
 
 
-def test_no_graphics_capability_no_icd(tmp_path, geforce2):
-    out = _run_probe(tmp_path, geforce2, gpu_env("1", "compute,utility"))
+def test_no_graphics_capability_no_icd(tmp_path, geforce2_host):
+    out = _run_probe(tmp_path, geforce2_host, gpu_env("1", "compute,utility"))
     # the loader finds no driver at all: VK_ERROR_INCOMPATIBLE_DRIVER
     assert "VK error: vkCreateInstance: VkResult -9" in out.splitlines(), out
     assert "rc=1" in out.splitlines(), out

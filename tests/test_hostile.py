@@ -19,7 +19,7 @@ import pytest
 
 from libinject.plan.edits import CudaCompatEdit
 from libinject.record import replace
-from support.applyenv import LIBDIR, elf, in_ns, make_host, snapshot, try_apply
+from support.applyenv import LIBDIR, elf, flipper, in_ns, make_host, snapshot, try_apply
 
 HOSTILE_DIRS = [LIBDIR, "/usr/bin", "/lib/firmware", "/proc/driver", "/dev",
                 "/usr/local/cuda/compat", "/run/nvidia-persistenced"]
@@ -140,24 +140,6 @@ def test_compat_dir_symlinked_to_host_newer_libcuda(rootfs, tmp_path, no_leaked_
         assert snapshot(host) == before
 
 
-def _flipper(real: Path, host: Path, stop: threading.Event, flips: list[int]) -> None:
-    """Swap `real` between the image's directory and a symlink to a host directory."""
-    away = real.with_name(real.name + ".away")
-    while not stop.is_set():
-        try:
-            os.rename(real, away)
-            os.symlink(str(host), real)
-            os.unlink(real)
-            os.rename(away, real)
-            flips[0] += 1
-        except OSError:
-            if not os.path.lexists(real) and away.exists():
-                os.rename(away, real)
-            elif os.path.islink(real) and away.exists():
-                os.unlink(real)
-                os.rename(away, real)
-
-
 def test_symlink_swapped_in_during_apply(rootfs, tmp_path, no_leaked_mounts):
     host = _canary(tmp_path / "hostcanary")
     before = snapshot(host)
@@ -165,7 +147,7 @@ def test_symlink_swapped_in_during_apply(rootfs, tmp_path, no_leaked_mounts):
     stop = threading.Event()
     flips = [0]
     (rootfs / "lib/firmware").mkdir(parents=True)
-    threads = [threading.Thread(target=_flipper, args=(rootfs / p.lstrip("/"), host, stop, flips))
+    threads = [threading.Thread(target=flipper, args=(rootfs / p.lstrip("/"), host, stop, flips))
                for p in (LIBDIR, "/dev", "/lib/firmware")]
     for t in threads:
         t.start()

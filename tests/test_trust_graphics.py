@@ -29,7 +29,7 @@ from conftest import NVHOOK, run
 from libinject.linux import native
 from libinject.record import replace
 from support import hookenv
-from support.applyenv import LIBDIR, in_ns, mountinfo, snapshot, try_apply
+from support.applyenv import LIBDIR, flipper, in_ns, mountinfo, snapshot, try_apply
 from support.runc import RuncContainer, RuncError
 
 VER = "550.163.01"
@@ -40,25 +40,12 @@ REFUSED = "on another mount than the rootfs's (a volume?); refusing"
 DANGLING = "symlink that does not resolve inside the rootfs"
 ALL_CAPS = frozenset({"utility", "compute", "graphics", "display"})
 
-# Two GeForce GPUs (the graphics surface on), as tests/test_graphics_container.py has them.
-TWO_GEFORCE = {
-    "description": "two GeForce GPUs, for graphics trust tests",
-    "graphics": True, "modeset": True,
-    "gpus": [{"name": "NVIDIA GeForce RTX 4090", "bus_id": "0000:01:00.0", "architecture": "Ada",
-              "memory_mib": 24564, "pci_device_id": "0x268410DE"},
-             {"name": "NVIDIA GeForce RTX 4080", "bus_id": "0000:41:00.0", "architecture": "Ada",
-              "memory_mib": 16376, "pci_device_id": "0x270410DE"}],
-}
 BUS = ("0000:01:00.0", "0000:41:00.0")
 
 
 @pytest.fixture(scope="module")
-def gfx_host(tmp_path_factory) -> Path:
-    from libinject.sim.build import create_host
-
-    d = tmp_path_factory.mktemp("gfx2")
-    (d / "p.json").write_text(json.dumps(TWO_GEFORCE))
-    return create_host(d / "host", profile_file=d / "p.json")
+def gfx_host(geforce2_host) -> Path:
+    return geforce2_host
 
 
 @pytest.fixture(scope="module")
@@ -400,23 +387,6 @@ def test_runtime_layout_benign(rootfs, tmp_path, gfx_driver, no_leaked_mounts):
 #    attached to the resolved fd (move_mount), so a swap between check and use moves
 #    nothing to the host; a failed apply undoes everything (all or nothing).
 # ---------------------------------------------------------------------------------------
-def _flipper(real: Path, target: str, stop: threading.Event, flips: list[int]) -> None:
-    away = real.with_name(real.name + ".away")
-    while not stop.is_set():
-        try:
-            os.rename(real, away)
-            os.symlink(target, real)
-            os.unlink(real)
-            os.rename(away, real)
-            flips[0] += 1
-        except OSError:
-            if not os.path.lexists(real) and away.exists():
-                os.rename(away, real)
-            elif os.path.islink(real) and away.exists():
-                os.unlink(real)
-                os.rename(away, real)
-
-
 def test_graphics_dirs_swapped_during_apply(rootfs, tmp_path, gfx_driver, no_leaked_mounts):
     host = _canary(tmp_path / "hostcanary")
     before = snapshot(host)
@@ -425,7 +395,7 @@ def test_graphics_dirs_swapped_during_apply(rootfs, tmp_path, gfx_driver, no_lea
     stop, flips = threading.Event(), [0]
     targets = {"/usr/share/vulkan/icd.d": str(host), "/dev/dri": str(host), GBM_DIR: str(host),
                GLX_DIR: "../../../../../../../" + str(host).lstrip("/"), "/etc/OpenCL": str(host)}
-    threads = [threading.Thread(target=_flipper, args=(rootfs / p.lstrip("/"), t, stop, flips))
+    threads = [threading.Thread(target=flipper, args=(rootfs / p.lstrip("/"), t, stop, flips))
                for p, t in targets.items()]
     for t in threads:
         t.start()
@@ -466,7 +436,7 @@ def _race_in_runtime_layout(rootfs: Path, vol: Path, edits, rounds: int):
     (rootfs / "dev/dri/by-path").mkdir(parents=True)
     (rootfs / "usr/share/vulkan/icd.d").mkdir(parents=True)
     stop, flips = threading.Event(), [0]
-    threads = [threading.Thread(target=_flipper, args=(rootfs / p, t, stop, flips))
+    threads = [threading.Thread(target=flipper, args=(rootfs / p, t, stop, flips))
                for p, t in (("dev/dri", "/proc/sys/kernel"), ("dev/dri/by-path", "/vol/x"),
                             ("usr/share/vulkan/icd.d", "/dev/shm/x"))]
     for t in threads:

@@ -12,6 +12,7 @@ import pickle
 import socket
 import stat
 import subprocess
+import threading
 import traceback
 from pathlib import Path
 
@@ -168,3 +169,23 @@ def make_host(h: Path, *, ngpu: int = 4, nlibs: int = 12) -> ContainerEdits:
                           gpu_dirs=tuple(gdirs)),
         ldconfig_folders=(LIBDIR,),
         cgroup_rules=tuple(CgroupRule(d.major, d.minor) for d in devs))
+
+
+def flipper(real: Path, target, stop: threading.Event, flips: list[int]) -> None:
+    """Until stop: swap `real` (an image's directory) with a symlink to `target` (a host
+    directory, or any link text) and back; counts the swaps in flips[0]. For race tests:
+    run it in a thread while applies run."""
+    away = real.with_name(real.name + ".away")
+    while not stop.is_set():
+        try:
+            os.rename(real, away)
+            os.symlink(str(target), real)
+            os.unlink(real)
+            os.rename(away, real)
+            flips[0] += 1
+        except OSError:
+            if not os.path.lexists(real) and away.exists():
+                os.rename(away, real)
+            elif os.path.islink(real) and away.exists():
+                os.unlink(real)
+                os.rename(away, real)

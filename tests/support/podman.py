@@ -45,6 +45,20 @@ def state_dir(prefix: str = "pm") -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def run_argv(hooks_dir: Path, rootfs: Path, cmd: Sequence[str], env: Sequence[str] = (),
+             annotations: dict[str, str] | None = None, devices: Sequence[str] = ()) -> list[str]:
+    """`podman --hooks-dir D run --rm --rootfs ROOTFS:O CMD...` with --env, --annotation
+    and --device options."""
+    argv = [PODMAN, "--hooks-dir", str(hooks_dir), "run", "--rm", "--pull=never"]
+    for e in env:
+        argv += ["--env", e]
+    for k, v in (annotations or {}).items():
+        argv += ["--annotation", f"{k}={v}"]
+    for d in devices:
+        argv += ["--device", d]
+    return argv + ["--rootfs", f"{rootfs}:O", *cmd]
+
+
 class Podman:
     """podman with its config and state under `state`."""
 
@@ -91,15 +105,7 @@ runroot = "{state}/runroot"
         """`podman run --rm --rootfs ROOTFS:O CMD...` (a throw-away overlay on rootfs).
         hooks_dir: its OCI hooks dir (default: an empty one); cdi_specs: the CDI spec dir
         it sees as /etc/cdi; devices: --device values (CDI names with cdi_specs)."""
-        argv = [PODMAN, "--hooks-dir", str(hooks_dir or self.state / "hooks"), "run", "--rm",
-                "--pull=never"]
-        for e in env:
-            argv += ["--env", e]
-        for k, v in (annotations or {}).items():
-            argv += ["--annotation", f"{k}={v}"]
-        for d in devices:
-            argv += ["--device", d]
-        argv += ["--rootfs", f"{rootfs}:O", *cmd]
+        argv = run_argv(hooks_dir or self.state / "hooks", rootfs, cmd, env, annotations, devices)
         if cdi_specs is not None:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", CDI_SH, "sh",
                     str(self.state), str(cdi_specs), *argv]
@@ -257,15 +263,7 @@ class RootlessPodman(Podman):
             annotations: dict[str, str] | None = None, devices: Sequence[str] = (),
             timeout: float = 120, dev_nodes: Path | None = None) -> subprocess.CompletedProcess[str]:
         """As Podman.run, as the user; dev_nodes: see rootless_sh()."""
-        argv = [PODMAN, "--hooks-dir", str(hooks_dir or self.state / "hooks"), "run", "--rm",
-                "--pull=never"]
-        for e in env:
-            argv += ["--env", e]
-        for k, v in (annotations or {}).items():
-            argv += ["--annotation", f"{k}={v}"]
-        for d in devices:
-            argv += ["--device", d]
-        argv += ["--rootfs", f"{rootfs}:O", *cmd]
+        argv = run_argv(hooks_dir or self.state / "hooks", rootfs, cmd, env, annotations, devices)
         return self.as_user(argv, cdi_specs=cdi_specs, dev_nodes=dev_nodes, timeout=timeout)
 
     def as_user(self, argv: Sequence[str], *, input: str | None = None, timeout: float = 120,

@@ -7,6 +7,16 @@ import subprocess
 from pathlib import Path
 
 COMPILE_TIMEOUT = 60
+# Two GeForce GPUs with the graphics surface (DRM nodes card0/renderD128, card1/renderD129),
+# for graphics selection and trust tests (the conftest fixture geforce2_host builds it).
+TWO_GEFORCE = {
+    "description": "two GeForce GPUs, for graphics selection and trust tests",
+    "graphics": True, "modeset": True,
+    "gpus": [{"name": "NVIDIA GeForce RTX 4090", "bus_id": "0000:01:00.0", "architecture": "Ada",
+              "memory_mib": 24564, "pci_device_id": "0x268410DE"},
+             {"name": "NVIDIA GeForce RTX 4080", "bus_id": "0000:41:00.0", "architecture": "Ada",
+              "memory_mib": 16376, "pci_device_id": "0x270410DE"}],
+}
 
 
 def profile_of(root: Path) -> dict:
