@@ -2,7 +2,7 @@
 
     nvhook sim profiles
     nvhook sim create [--profile NAME | --profile-file FILE] DIR
-    nvhook sim rootfs [--layout debian|rpm] DIR
+    nvhook sim rootfs [--layout debian|rpm] [--vulkan] DIR
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     rootfs = sub.add_parser("rootfs", help="build a busybox+glibc container rootfs in DIR")
     rootfs.add_argument("--layout", choices=("debian", "rpm"), default="debian",
                         help="library layout: debian (lib/x86_64-linux-gnu) or rpm (lib64)")
+    rootfs.add_argument("--vulkan", action="store_true",
+                        help="also copy this host's Vulkan loader (libvulkan.so.1) into the image")
     rootfs.add_argument("dir", metavar="DIR")
 
 
@@ -41,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
     if args.sim_command == "rootfs":
         from libinject.sim.rootfs import build_rootfs
 
-        print(build_rootfs(args.dir, lib_layout=args.layout))
+        print(build_rootfs(args.dir, lib_layout=args.layout, vulkan=args.vulkan))
         return 0
     return 2

@@ -545,6 +545,10 @@ def test_cli_create_and_rootfs(tmp_path):
     r = run([NVHOOK, "sim", "rootfs", "--layout", "rpm", str(tmp_path / "r")])
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "r/lib64/libc.so.6").is_file() and (tmp_path / "r/bin/busybox").is_file()
+    assert not list((tmp_path / "r").rglob("libvulkan.so*"))
+    r = run([NVHOOK, "sim", "rootfs", "--vulkan", str(tmp_path / "v")])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "v/usr/lib/x86_64-linux-gnu/libvulkan.so.1").resolve().is_file()
 
 
 def test_warm_create_is_fast(sim_host, tmp_path):
