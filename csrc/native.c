@@ -55,6 +55,39 @@ int nv_move_mount(int from_dirfd, const char *from_path, int to_dirfd,
                   const char *to_path, unsigned int flags)
 { RET(syscall(__NR_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags)); }
 
+int nv_open_trees(const char *paths, int n, const unsigned char *recursive, int *fds)
+{
+    struct open_how how = { .flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
+                            .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+    struct stat st;
+    int i;
+    for (i = 0; i < n; i++, paths += strlen(paths) + 1) {
+        int err = 0, tree = -1;
+        int pfd = (int)syscall(__NR_openat2, AT_FDCWD, paths, &how, sizeof how);
+        if (pfd < 0) {
+            err = errno;
+        } else {
+            if (fstat(pfd, &st) < 0)
+                err = errno;
+            else if (S_ISLNK(st.st_mode))
+                err = ELOOP;
+            else {
+                tree = (int)syscall(__NR_open_tree, pfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC
+                                    | AT_EMPTY_PATH | (recursive[i] ? AT_RECURSIVE : 0));
+                if (tree < 0)
+                    err = errno;
+            }
+            close(pfd);
+        }
+        if (err) {
+            fds[i] = -err;
+            return i;
+        }
+        fds[i] = tree;
+    }
+    return n;
+}
+
 int nv_mount_setattr(int dirfd, const char *path, unsigned int flags,
                      unsigned long long attr_set, unsigned long long attr_clr,
                      unsigned long long propagation)
@@ -173,7 +206,7 @@ long nv_fstatfs_type(int fd)
 int nv_populate_write(unsigned long addr, unsigned long len)
 { RET(madvise((void *)addr, len, MADV_POPULATE_WRITE)); }
 
-int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root)
+long long nv_mount_id(int fd)
 {
     struct statx stx;
     memset(&stx, 0, sizeof stx);
@@ -182,9 +215,9 @@ int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root)
     /* both since Linux 5.8; an older kernel cannot tell us, so callers fail closed */
     if (!(stx.stx_mask & STATX_MNT_ID) || !(stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT))
         return -ENOSYS;
-    *mnt_id = stx.stx_mnt_id;
-    *is_mount_root = (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
-    return 0;
+    if (stx.stx_mnt_id >> 62)       /* no room for it (STATX_MNT_ID ids are small) */
+        return -EOVERFLOW;
+    return (long long)(stx.stx_mnt_id << 1) | ((stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0);
 }
 
 int nv_join_session_keyring(void)

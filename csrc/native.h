@@ -16,6 +16,14 @@ int nv_openat2(int dirfd, const char *path, unsigned long long flags,
 int nv_open_tree(int dirfd, const char *path, unsigned int flags);
 int nv_move_mount(int from_dirfd, const char *from_path, int to_dirfd,
                   const char *to_path, unsigned int flags);
+/* The host side of an apply in one call: for each of n absolute paths (packed, each
+ * NUL-terminated), what libinject.apply.rootfs.open_host does for one: openat2 O_PATH|
+ * O_NOFOLLOW|O_CLOEXEC, RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS; a symlink refused
+ * (ELOOP: never with those flags); open_tree OPEN_TREE_CLONE|OPEN_TREE_CLOEXEC|
+ * AT_EMPTY_PATH, AT_RECURSIVE where recursive[i]; the O_PATH fd closed. fds[i]: the
+ * detached tree. Returns n, or the index i of the first path that failed, with its
+ * -errno in fds[i] (fds[0..i) are open: the caller's to close). */
+int nv_open_trees(const char *paths, int n, const unsigned char *recursive, int *fds);
 int nv_mount_setattr(int dirfd, const char *path, unsigned int flags,
                      unsigned long long attr_set, unsigned long long attr_clr,
                      unsigned long long propagation);
@@ -41,8 +49,10 @@ int nv_fsmount(int fd, unsigned int flags, unsigned int attr_flags);
 long nv_fstatfs_type(int fd);
 
 /* statx(2) STATX_MNT_ID: the mount fd is on (mountinfo's id) and whether fd is that
- * mount's root (STATX_ATTR_MOUNT_ROOT); -ENOSYS where the kernel cannot say. */
-int nv_mount_id(int fd, unsigned long long *mnt_id, int *is_mount_root);
+ * mount's root (STATX_ATTR_MOUNT_ROOT), as (id << 1) | is_root, in the return value
+ * (no out-parameters for the caller to allocate: it is called a few times a mount);
+ * -ENOSYS where the kernel cannot say. */
+long long nv_mount_id(int fd);
 
 /* madvise(addr, len, MADV_POPULATE_WRITE) (Linux 5.14): fault our own pages in as a
  * write would, writing nothing (the service's spares copy ahead what requests write);

@@ -45,6 +45,7 @@ _TOML_KEY_RUN = r'[A-Za-z0-9_\-" \t.]+'
 # container given it as a volume) could then hand every exec'd hook a config of its own.
 _TABLES: dict[bytes, dict] = {}
 _MAX_TABLES = 16
+_CONFIGS: dict[tuple[bytes, str], "Config"] = {}    # (blake2b of the bytes, absolute path) -> parse()
 
 
 @record(frozen=True)
@@ -193,6 +194,23 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
     """The effective configuration; NvhookError for a missing explicit file or bad content.
     trusted: the file must be one only root could have written (the hook's rule)."""
     path, required = config_path(explicit, environ)
+    memo = _request_loads
+    if memo is not None and (path, required, trusted) in memo:
+        return memo[(path, required, trusted)]
+    cfg = _load(path, required, trusted)
+    if memo is not None:
+        memo[(path, required, trusted)] = cfg
+    return cfg
+
+
+# A hook service worker's loads, for its one request (libinject.runtime.service sets it
+# in the worker: the read-only work it does while the front answers loads the config the
+# hook then asks for again, a moment later, for the same request): by what was asked.
+# None everywhere else: every load reads and checks the file.
+_request_loads: dict[tuple[str, bool, bool], "Config"] | None = None
+
+
+def _load(path: str, required: bool, trusted: bool) -> Config:
     from libinject.linux.files import read_bounded
 
     check = (lambda fd, st: _check_root_owned(path, fd, st)) if trusted else None
@@ -247,6 +265,11 @@ def parse(data: bytes | str, source: str = "<config>") -> Config:
     except ImportError:  # pragma: no cover
         from hashlib import blake2b
     key = blake2b(raw, digest_size=20).digest()
+    # The same bytes from the same (absolute) path make the same Config, frozen: kept,
+    # like the tables (a service's workers inherit the server's, built from its own read).
+    done = _CONFIGS.get((key, source)) if source.startswith("/") else None
+    if done is not None:
+        return done
     table = _TABLES.get(key)
     if table is None:
         table = _parse_toml(raw, source)
@@ -256,6 +279,10 @@ def parse(data: bytes | str, source: str = "<config>") -> Config:
     cfg = _build(Config, table, source, "")
     cfg = _resolve_paths(replace(cfg, source=source))
     cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
+    if source.startswith("/"):
+        if len(_CONFIGS) >= _MAX_TABLES:
+            _CONFIGS.clear()
+        _CONFIGS[(key, source)] = cfg
     return cfg
 
 

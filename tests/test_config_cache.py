@@ -88,3 +88,42 @@ def test_a_table_planted_in_run_is_never_read(tmp_path):
         plant.unlink()
         if made:
             plant_dir.rmdir()
+
+
+def test_built_config_is_kept_per_path(tmp_path):
+    """The same bytes at the same path give the very Config built before (frozen); the
+    same bytes elsewhere, their own (relative paths in it are the file's dir's)."""
+    cfg = _config(tmp_path, CONFIG + 'log-file = "hook.log"\n')
+    first = config.load(str(cfg), {}, trusted=True)
+    assert config.load(str(cfg), {}, trusted=True) is first
+    assert first.nvhook.log_file == str(tmp_path / "etc/hook.log")
+    other = tmp_path / "other"
+    other.mkdir(mode=0o755)
+    (other / "config.toml").write_bytes(cfg.read_bytes())
+    (other / "config.toml").chmod(0o644)
+    second = config.load(str(other / "config.toml"), {}, trusted=True)
+    assert second is not first and second.nvhook.log_file == str(other / "hook.log")
+    assert second.source == str(other / "config.toml")
+    cfg.write_text(CONFIG)
+    assert config.load(str(cfg), {}, trusted=True).nvhook.log_file == ""
+
+
+def test_a_served_requests_second_load_reads_nothing(tmp_path, monkeypatch):
+    """Only where a hook service worker asks (config._request_loads, for its one
+    request): the hook's load after the worker's own early one is that Config; every
+    other load reads and checks the file."""
+    from libinject.linux import files
+
+    cfg = _config(tmp_path)
+    monkeypatch.setattr(config, "_request_loads", {})
+    first = config.load(str(cfg), {}, trusted=True)
+
+    def refuse(*a, **k):
+        raise AssertionError("read again")
+
+    monkeypatch.setattr(files, "read_bounded", refuse)
+    assert config.load(str(cfg), {}, trusted=True) is first
+    monkeypatch.setattr(config, "_request_loads", None)
+    import pytest
+    with pytest.raises(AssertionError, match="read again"):
+        config.load(str(cfg), {}, trusted=True)

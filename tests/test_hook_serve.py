@@ -39,7 +39,7 @@ def test_served_gpu1(tmp_path, hook_config, server, gpu_uuids):
     with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-    assert server.statuses() == [0], server.log()              # the server did it, not a fallback
+    assert server.statuses(1) == [0], server.log()              # the server did it, not a fallback
     assert "prestart: done" in (tmp_path / "hook.log").read_text()
     assert "imported after fork" not in server.log()
 
@@ -60,7 +60,7 @@ def test_requests_go_to_a_spare_forked_before_them(tmp_path, hook_config, server
     with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-    assert server.statuses() == [0, 0], server.log()
+    assert server.statuses(2) == [0, 0], server.log()
     assert f"spare worker {second}:" in server.log()    # the request got a worker of its own
 
 
@@ -89,7 +89,7 @@ def test_served_errors_fail_create(tmp_path, hook_config, server, env, message):
         rootfs = str(c.rootfs)
     assert message in str(e.value)
     assert "stderr: nvhook:" in str(e.value) and str(e.value).count("nvhook:") == 1   # one line
-    assert server.statuses() == [1]
+    assert server.statuses(1) == [1]
     assert hookenv.mounts_naming(rootfs) == []
 
 
@@ -103,7 +103,7 @@ def test_served_and_exec_give_the_same_container(tmp_path, hook_config, server):
             r = c.run()
         assert r.returncode == 0, r.stderr
         out.append(r.stdout)
-    assert server.statuses() == [0]             # the first one only: "none" turns the service off
+    assert server.statuses(1) == [0]             # the first one only: "none" turns the service off
     assert out[0] == out[1] and "dev/nvidia1" in out[0] and "libnvidia-ml.so.1" in out[0]
 
 
@@ -134,7 +134,7 @@ def test_fallback_without_server(tmp_path, hook_config, sockdir, gpu_uuids):
         with _runc(tmp_path, hook_config, sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
             r = c.run()
         assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-        assert s.statuses() == [0]
+        assert s.statuses(1) == [0]
     finally:
         assert s.stop() == 0
 
@@ -260,7 +260,7 @@ def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
         for fd in (mfd, *ns):
             os.close(fd)
         server.wait_until(server.statuses, "done with the request")
-        assert server.statuses() == [0]
+        assert server.statuses(1) == [0]
         # the worker returned before the hook ran: nothing even opened the hook's log
         assert not (tmp_path / "hook.log").exists()
         assert hookenv.mounts_naming("nvidia", pid) == []
@@ -322,7 +322,7 @@ def test_server_survives_a_worker_crash(tmp_path, a100_host, hook_config, server
     with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
         r = c.run()
     assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-    assert server.statuses() == [-1, 0]
+    assert server.statuses(2) == [-1, 0]
 
 
 def test_worker_timeout(tmp_path, a100_host, hook_config, sockdir):
@@ -335,7 +335,7 @@ def test_worker_timeout(tmp_path, a100_host, hook_config, sockdir):
             r = _front(hang, s.sock, c.bundle)
         assert (r.returncode, r.stderr) == (1, "nvhook: hook service: timed out configuring the container\n")
         assert time.monotonic() - t < 10
-        assert "timed out after 1s, killed" in s.log() and s.statuses() == [-2]
+        assert "timed out after 1s, killed" in s.log() and s.statuses(1) == [-2]
         assert s.workers() == []
     finally:
         assert s.stop() == 0
@@ -364,7 +364,7 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
         with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=all"], "nvidia-smi -L") as c:
             r = c.run()
         assert r.returncode == 0 and r.stdout.count("GPU ") == 7, r.stdout + r.stderr
-        assert s.statuses() == [0, 1, 0]
+        assert s.statuses(3) == [0, 1, 0]
         assert "imported after fork" not in s.log()     # rediscovery too: all preloaded
     finally:
         assert s.stop() == 0
@@ -381,7 +381,7 @@ def test_container_env_reaches_neither_server_nor_worker(tmp_path, hook_config, 
         c.config["process"]["env"] = ENV + ["NVIDIA_VISIBLE_DEVICES=1", *evil_env(canary, c.rootfs)]
         r = c.run()
     assert "GPU 0: NVIDIA" in r.stdout, r.stdout + r.stderr
-    assert server.statuses() == [0]
+    assert server.statuses(1) == [0]
     # what the worker ran with: PATH, nothing else (neither the container's env nor the hook's)
     assert "env=[PATH]" in server.log(), server.log()
     assert not out.exists(), out.read_text()
@@ -412,7 +412,7 @@ def test_spares_copy_ahead_the_pages_requests_write(tmp_path, a100_host, hook_co
     for _ in range(3):      # the third request's spare is forked after the first's report
         with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
             assert c.run().returncode == 0
-    assert server.statuses() == [0, 0, 0], server.log()
+    assert server.statuses(3) == [0, 0, 0], server.log()
     pages = int(re.findall(r"spares pre-fault (\d+) pages", server.log())[-1])
     assert 100 < pages <= 4096
     server.wait_until(lambda: len(server.spares()) == 1 and
@@ -451,7 +451,7 @@ def test_a_burst_is_served_by_spares_with_no_time_to_set_up(tmp_path, hook_confi
     with ThreadPoolExecutor(12) as pool:
         assert list(pool.map(one, range(12))) == [0] * 12
     server.wait_until(lambda: len(server.statuses()) == 15, "15 statuses")
-    assert server.statuses() == [0] * 15, server.log()
+    assert server.statuses(15) == [0] * 15, server.log()
     # each one went through a worker's request path (a spare that gave up would still
     # leave "status 0", from the server, and its front would have run Python itself)
     assert server.log().count(" env=[PATH]") == 15, server.log()
@@ -563,3 +563,29 @@ def test_learned_pages_are_checked_and_bounded(sockdir):
         assert s.prefault_runs == [(10, 3), (20, 1)]
     s._keep_pages([[100, MAX_PREFAULT - 1]])        # the union would be too large: only this
     assert s.prefault_runs == [(100, MAX_PREFAULT - 1)]
+
+
+def test_prefetched_fingerprint_is_used_once(fresh_sim_host, monkeypatch):
+    """A worker takes its request's fingerprint while the front answers b"A"
+    (DriverCache.prefetch); discover() uses it once, for the same inputs only, and
+    takes a fresh one otherwise: a host changed since is still seen by the next."""
+    from libinject.runtime.service import DriverCache
+
+    host = str(fresh_sim_host("a100x8"))
+    cache = DriverCache()
+    calls = []
+    real = DriverCache.key
+    monkeypatch.setattr(DriverCache, "key", staticmethod(lambda *a: calls.append(a) or real(*a)))
+    cache.prefetch(host, None, None)
+    assert len(calls) == 1 and cache.ahead is not None
+    d = cache.discover(host, snapshot=False)     # no caching asked: the prefetch is not used
+    assert len(calls) == 1 and cache.ahead is not None
+    d = cache.discover(host, snapshot=True, snapshot_dir=host + "/../snaps")
+    assert cache.ahead is None
+    assert len(calls) == 2          # its own key() after the miss (the host unchanged while discovering)
+    assert cache.discover(host, snapshot=True, snapshot_dir=host + "/../snaps") is d
+    assert len(calls) == 3          # nothing prefetched: its own
+    cache.prefetch(host, "/other/ld.so.cache", None)
+    os.unlink(host + "/dev/nvidia7")
+    d2 = cache.discover(host, snapshot=True, snapshot_dir=host + "/../snaps")   # other inputs
+    assert len(d2.info.gpus) == 7 and cache.ahead is None

@@ -37,3 +37,55 @@ def test_values_are_the_kernel_abi():
     assert native.FSCONFIG_CMD_CREATE == 6 and native.PROC_SUPER_MAGIC == 0x9FA0
     assert (native.BPF_PROG_TYPE_CGROUP_DEVICE, native.BPF_CGROUP_DEVICE) == (15, 6)
     assert native.BPF_LDX | native.BPF_MEM | native.BPF_W == 0x61
+
+
+def test_open_trees_opens_what_open_host_opens(tmp_path):
+    """native.open_trees: the detached clone of each path that rootfs.open_host makes,
+    in one call; any path it cannot take or open: None, nothing left open."""
+    import stat
+
+    from libinject.apply.rootfs import open_host
+
+    (tmp_path / "d").mkdir()
+    f = tmp_path / "d/file"
+    f.write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    before = sorted(os.listdir("/proc/self/fd"))
+    paths = [str(f), str(tmp_path / "d"), "/dev/null"]
+    fds = native.open_trees(paths, [False, True, False])
+    try:
+        assert fds is not None and len(fds) == 3
+        for fd, p in zip(fds, paths):
+            tree, st = open_host(p)
+            try:
+                a, b = os.fstat(fd), os.fstat(tree)
+                assert (a.st_dev, a.st_ino, a.st_mode, a.st_rdev) == (b.st_dev, b.st_ino, b.st_mode, b.st_rdev)
+                assert (st.st_dev, st.st_ino) == (a.st_dev, a.st_ino)
+                assert native.mount_id(fd)[1]           # the root of a mount of its own
+            finally:
+                os.close(tree)
+        assert stat.S_ISCHR(os.fstat(fds[2]).st_mode)
+    finally:
+        for fd in fds or ():
+            os.close(fd)
+    for bad in ([str(f), str(tmp_path / "link/file")],      # a symlink on the way
+                [str(f), str(tmp_path / "missing")],
+                [str(f), "relative/path"],
+                [str(f) + "\0x"],
+                [str(f), "/proc/self/root/etc/passwd"]):    # a magic link on the way
+        assert native.open_trees(bad, [False] * len(bad)) is None
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_mount_id_packs_id_and_root():
+    fd = os.open("/", os.O_PATH)
+    sub = os.open("/proc/self", os.O_PATH)
+    try:
+        mid, root = native.mount_id(fd)
+        assert mid > 0 and root is True
+        with open("/proc/self/fdinfo/%d" % fd) as fi:
+            assert f"mnt_id:\t{mid}\n" in fi.read()
+        assert native.mount_id(sub)[1] is False
+    finally:
+        os.close(fd)
+        os.close(sub)

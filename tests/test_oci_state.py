@@ -153,3 +153,72 @@ def test_container_pid():
         oci_state.container_pid(st0, "prestart")
     # createContainer runs in the container's namespaces: its own pid as /proc counts it
     assert oci_state.container_pid(st0, "createContainer") == os.getpid()
+
+
+def _outcome(fn, *args) -> str:
+    try:
+        fn(*args)
+    except NvhookError as e:
+        return str(e)
+    return "ok"
+
+
+def _spec_variants() -> list[dict]:
+    """A runc spec, and copies with one field of SPEC_FIELDS of another JSON type each."""
+    import copy
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["runc", "spec", "--bundle", d], check=True)
+        base = json.loads(open(os.path.join(d, "config.json")).read())
+    base["hooks"] = {"prestart": [{"path": "/x", "args": ["a"]}]}
+    base["annotations"] = {"k": "v"}
+    out = [base]
+    others = [None, 1, "s", [], ["s"], [1], {}, {"a": 1}, [{}], True]
+    for path, _ in oci_state.SPEC_FIELDS:
+        head, sep, tail = path.partition("[].")
+        for v in others:
+            spec = copy.deepcopy(base)
+            items = [spec]
+            if sep:
+                items = [x for x in (oci_state._walk(spec, tuple(head.split(".")))[1] or []) if isinstance(x, dict)]
+                path = tail
+            for item in items[:1]:
+                *parents, last = path.split(".")
+                cur = item
+                for k in parents:
+                    cur = cur.setdefault(k, {}) if isinstance(cur, dict) else None
+                    if not isinstance(cur, dict):
+                        break
+                else:
+                    cur[last] = v
+                    out.append(spec)
+    return out
+
+
+def test_fast_spec_check_agrees_with_the_full_one(monkeypatch):
+    """check_spec's fast path (_spec_ok) passes exactly the specs the field-by-field walk
+    passes; a spec it does not pass gets the walk's own message."""
+    variants = _spec_variants()
+    assert len(variants) > 200
+    fast = [_outcome(oci_state.check_spec, s) for s in variants]
+    monkeypatch.setattr(oci_state, "_spec_ok", lambda spec: False)
+    slow = [_outcome(oci_state.check_spec, s) for s in variants]
+    assert fast == slow
+    assert fast.count("ok") < len(fast) and fast[0] == "ok"
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a": "x\\u0000y"}', b'{"a\\u0000": 1}', b'{"a": ["\\ud800"]}', b'{"k": "\\u00e9"}',
+    b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}", b'{"a": ' + b"[" * 60 + b"]" * 60 + b"}",
+    b'{"a": "' + b"[" * 100 + b'"}', "{\"a\": \"\udc80\"}", "{\"a\": \"x\\u0000\"}",
+    b'["' + "é".encode() + b'"]', b'"top"', b"1",
+])
+def test_fast_json_checks_agree_with_the_tree_walk(data):
+    """loads_json skips the string checks for UTF-8 bytes without a \\u escape (they
+    cannot hold a NUL or a lone surrogate there) and the depth walk when there are not
+    enough brackets to nest that deep: same outcome as walking the whole tree."""
+    fast = _outcome(oci_state.loads_json, data, "x")
+    obj = json.loads(data)
+    assert fast == _outcome(oci_state._check_tree, obj, "x")

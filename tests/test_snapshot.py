@@ -344,3 +344,35 @@ def _only_current(sdir: Path, root: Path) -> Path:
 
     r = os.path.realpath(root)
     return Path(S.path_for(str(sdir), r, r, os.path.join(r, DEFAULT_LDCACHE.lstrip("/"))))
+
+
+# ---------------------------------------------------------------- the fingerprint, fast
+
+def _probe_args(root: Path) -> tuple:
+    from libinject.discover.driver import DEFAULT_LDCACHE, _watch_dirs
+
+    r = os.path.realpath(root)
+    return r, r, os.path.join(r, DEFAULT_LDCACHE.lstrip("/")), _watch_dirs()
+
+
+def test_remembered_fingerprint_is_the_hashed_one(fresh_sim_host, monkeypatch):
+    """probe() hashes only material it has not seen last time; what it returns for
+    material seen before is what hashing it again gives, and any change is hashed."""
+    root = fresh_sim_host("a100x8")
+    args = _probe_args(root)
+    k0, _ = S.probe(*args)
+    assert S._last is not None and S._last[2] == k0
+    monkeypatch.setattr(S, "_last", None)
+    assert S.probe(*args)[0] == k0                  # hashed afresh: the same
+    assert S.probe(*args)[0] == k0                  # remembered: the same
+    gpus = sorted((root / "proc/driver/nvidia/gpus").iterdir())
+    info = gpus[3] / "information"
+    info.write_text(info.read_text().replace("Device Minor:", "Device Minor: "))
+    k1 = S.probe(*args)[0]
+    assert k1 != k0
+    # a watched directory changes (an entry made): seen through its stat
+    (root / args[3][0] / "libnvidia-extra.so.1").write_bytes(b"")
+    k2 = S.probe(*args)[0]
+    assert k2 not in (k0, k1)
+    monkeypatch.setattr(S, "_last", None)
+    assert S.probe(*args)[0] == k2

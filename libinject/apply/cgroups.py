@@ -181,13 +181,17 @@ def _read_cgroups(pid: int, proc_root: str) -> str:
     return data.decode(errors="replace")
 
 
+_CGROUP_FSTYPES = frozenset({"cgroup", "cgroup2"})
+
+
 def find_cgroup_dirs(pid: int, *, proc_root: str = "/proc", visible: Visible | None = None,
                      v1_too: bool = True) -> tuple[str | None, str | None]:
     """(v1 devices dir, cgroup2 dir) of process pid as seen from our mount namespace;
     None where there is none to change (v1 always None without v1_too)."""
     cg = proc_cgroups(_read_cgroups(pid, proc_root))
     try:
-        mounts = cgroup_mounts(mountinfo.read(proc_root=proc_root))
+        # only the cgroup lines are parsed: a node's table can have thousands of others
+        mounts = cgroup_mounts(mountinfo.read(proc_root=proc_root, fstypes=_CGROUP_FSTYPES))
     except FileNotFoundError:
         raise NvhookError(f"no such process: {pid}") from None
     visible = visible or _mount_visible(proc_root)
@@ -278,24 +282,36 @@ def _allow_v1_at(dfd: int, where: str, rules: Sequence[CgroupRule], undo: Undo,
     """The v1 step on the open cgroup directory dfd (`where` names it in messages);
     before_write() runs once, before the first write, if there is one."""
     fd = opener(dfd, "devices.list", os.O_RDONLY)
-    with os.fdopen(fd) as f:
-        entries = _v1_entries(f.read())
-    for r in rules:
-        if _covered(r, entries):
-            continue
-        if before_write is not None:
-            before_write()
-            before_write = None
-        added = _added_access(r, entries)
-        try:
-            _write_v1(dfd, "devices.allow", _rule_line(r), opener)
-        except OSError as e:
-            raise NvhookError(f"cannot allow device {r.major}:{r.minor} in {where}: "
-                              f"{e.strerror}") from None
-        entries.append((r.type, str(r.major), str(r.minor), r.access))
-        deny = f"{r.type} {r.major}:{r.minor} {added}"
-        undo.steps.append(lambda deny=deny: _write_v1(dfd, "devices.deny", deny, opener))
-        undo.v1_dir = where
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):    # (no io wrapper: fstat, ioctl, lseek calls)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    entries = _v1_entries(b"".join(chunks).decode(errors="replace"))
+    allow = -1      # devices.allow, opened once for all our rules (one rule a write)
+    try:
+        for r in rules:
+            if _covered(r, entries):
+                continue
+            if before_write is not None:
+                before_write()
+                before_write = None
+            added = _added_access(r, entries)
+            try:
+                if allow < 0:
+                    allow = opener(dfd, "devices.allow", os.O_WRONLY | os.O_NOFOLLOW)
+                os.write(allow, _rule_line(r).encode())
+            except OSError as e:
+                raise NvhookError(f"cannot allow device {r.major}:{r.minor} in {where}: "
+                                  f"{e.strerror}") from None
+            entries.append((r.type, str(r.major), str(r.minor), r.access))
+            deny = f"{r.type} {r.major}:{r.minor} {added}"
+            undo.steps.append(lambda deny=deny: _write_v1(dfd, "devices.deny", deny, opener))
+            undo.v1_dir = where
+    finally:
+        if allow >= 0:
+            os.close(allow)
 
 
 # -- cgroup v1, our own cgroup: through a private mount ---------------------------------

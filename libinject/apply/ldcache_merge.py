@@ -158,11 +158,20 @@ _SEP = {b"": b"", b"\0": b"\xff"}
 
 
 class _Keys(dict):
-    """SONAME -> _libkey, computed when first asked for (most entries never are)."""
+    """SONAME -> _libkey, computed when first asked for (most entries never are), or
+    found among the host libraries' names remembered (_HOST_KEYS)."""
 
     def __missing__(self, name: bytes) -> list:
-        k = self[name] = _libkey(name)
+        k = _HOST_KEYS.get(name)
+        if k is None:
+            k = _libkey(name)
+        self[name] = k
         return k
+
+
+# _libkey of the host libraries' SONAMEs and file names, by name (a pure function of
+# it), filled by remember_host_libraries() alone: what a merge compares most is ours.
+_HOST_KEYS: dict[bytes, list] = {}
 
 
 def _is_dso(name: str) -> bool:
@@ -519,7 +528,14 @@ def remember_host_libraries(paths: Iterable[str]) -> int:
             os.close(pfd)
         if len(_FACTS) >= MAX_FACTS:
             _FACTS.clear()
+            _HOST_KEYS.clear()
         _FACTS[key] = facts
+        for name in (facts[0] if facts else None, os.fsencode(os.path.basename(path))):
+            if name and name not in _HOST_KEYS:
+                try:
+                    _HOST_KEYS[name] = _libkey(name)
+                except Unsupported:
+                    pass
         n += 1
         added = True
     if added:
@@ -531,15 +547,18 @@ def _compact() -> None:
     """The entries made again, one after the other: a lookup writes to the objects it
     finds (reference counts), and each page of the server's a forked worker writes is
     copied; packed, a merge touches a few pages of them, not a few per library."""
-    global _FACTS
+    global _FACTS, _HOST_KEYS
     flags: dict[int, int] = {}
     _FACTS = {(*k,): None if v is None else
               (None if v[0] is None else bytes(bytearray(v[0])), flags.setdefault(v[1], v[1]))
               for k, v in _FACTS.items()}
+    _HOST_KEYS = {bytes(bytearray(k)): [bytes(bytearray(p)) if isinstance(p, bytes) else p for p in v]
+                  for k, v in _HOST_KEYS.items()}
 
 
 def forget_host_libraries() -> None:
     _FACTS.clear()
+    _HOST_KEYS.clear()
 
 
 # -- the merge ---------------------------------------------------------------------------
@@ -892,9 +911,21 @@ def _insert(c: Cache, ranks: list[int], x: tuple, keys: _Keys) -> None:
     compares equal and comes from an earlier (or the same) folder."""
     lo, hi = 0, len(c.names)
     r = x[5]
+    # the binary search: _compare(c, mid, x, keys), inlined (~10 of them per entry)
+    names, flags, hwcap, osv = c.names, c.flags, c.hwcap, c.osversion
+    xname, xflags = x[0], x[2]
+    kx = keys[xname]
     while lo < hi:
         mid = (lo + hi) // 2
-        d = _compare(c, mid, x, keys)
+        name = names[mid]
+        if name != xname and (ki := keys[name]) != kx:
+            d = 1 if kx > ki else -1
+        elif flags[mid] != xflags:
+            d = 1 if flags[mid] < xflags else -1
+        elif hwcap[mid] or osv[mid]:
+            d = -1
+        else:
+            d = 0
         if d < 0 or (d == 0 and ranks[mid] <= r):
             lo = mid + 1
         else:

@@ -95,10 +95,12 @@ def caps_kept() -> set[int]:
             _prctl.CAP_SETGID, _prctl.CAP_SETPCAP, _prctl.CAP_KILL}
 
 
-@record
 class _Source:
-    fd: int
-    st: os.stat_result
+    """A host source opened as a detached tree: its fd and the source's stat."""
+    __slots__ = ("fd", "st")
+
+    def __init__(self, fd: int, st: os.stat_result) -> None:
+        self.fd, self.st = fd, st
 
 
 @record
@@ -450,7 +452,43 @@ def _container_rootfs(rootfs: str, host_id: tuple[int, int] | None) -> str:
 
 
 def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
-    """Everything on the host side, opened in the host's mount namespace."""
+    """Everything on the host side, opened in the host's mount namespace: every source
+    in one native call (native.open_trees: what open_host does for each, without its
+    Python around each of the dozens of them), checked as _open_sources_one_by_one
+    checks them; one that cannot be opened: that, which says why."""
+    procfs_dirs = edits.procfs.gpu_dirs if edits.procfs else ()
+    paths = [m.host_path for m in edits.mounts]
+    recursive = [mount_attrs(m.options)[1] for m in edits.mounts]
+    paths += [d.host_path for d in edits.device_nodes]
+    paths += [host_dir for host_dir, _ in procfs_dirs]
+    recursive += [False] * (len(paths) - len(recursive))
+    fds = native.open_trees(paths, recursive)
+    if fds is None:
+        return _open_sources_one_by_one(edits, ldconfig)
+    src = _Sources()
+    try:
+        sources = [_Source(fd, os.fstat(fd)) for fd in fds]
+        nm, nd = len(edits.mounts), len(edits.device_nodes)
+        src.mounts = sources[:nm]
+        src.devices = sources[nm:nm + nd]
+        src.gpu_dirs = sources[nm + nd:]
+        for d, s in zip(edits.device_nodes, src.devices):
+            _check_device(d, s.st)
+        for (host_dir, _), s in zip(procfs_dirs, src.gpu_dirs):
+            if not stat.S_ISDIR(s.st.st_mode):
+                raise NvhookError(f"procfs entry {host_dir} is not a directory")
+        if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
+            from libinject.apply.ldconfig import open_ldconfig
+            src.ldconfig_fd = open_ldconfig(ldconfig)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return src
+
+
+def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
+    """_open_sources, a source at a time (open_host each)."""
     src = _Sources()
     for m in edits.mounts:
         _, recursive = mount_attrs(m.options)

@@ -97,6 +97,10 @@ def mount_attrs(options: tuple[str, ...] | list[str]) -> tuple[int, bool]:
     return attrs, recursive
 
 
+_EXPECT_TYPE = {"file": stat.S_ISREG, "dir": stat.S_ISDIR, "socket": stat.S_ISSOCK,
+                "char": stat.S_ISCHR}
+
+
 def split(path: str) -> list[str]:
     """Container path -> components. Absolute paths only; '..' is refused (a planned
     path never needs it, and RESOLVE_IN_ROOT would clamp it anyway)."""
@@ -183,8 +187,11 @@ class DiskJournal:
         """The journal of `rootfs` (a host path), locked; waits up to `wait` s for
         another apply on the same rootfs."""
         try:
-            os.makedirs(directory, 0o700, exist_ok=True)
-            dfd = atomic.open_dir(directory)
+            try:
+                dfd = atomic.open_dir(directory)
+            except FileNotFoundError:       # (the first apply on this host since boot)
+                os.makedirs(directory, 0o700, exist_ok=True)
+                dfd = atomic.open_dir(directory)
         except OSError as e:
             raise NvhookError(f"journal directory {directory}: {os.strerror(e.errno)}") from None
         try:
@@ -551,14 +558,20 @@ class RootFS:
         on such a place (an earlier configure's); and the mount we attach onto must not
         be shared."""
         mid, is_root = native.mount_id(target_fd)
-        allowed = {self.mnt_id} | self.journal.mount_ids
-        for name, ok in (("dev", path == "/dev" or path.startswith("/dev/")), ("proc", allow_proc)):
-            got = self._runtime_mount(name) if ok else None
-            if got is not None:
-                allowed.add(got[0])
+        ours = self.journal.mount_ids
+        runtime: set[int] | None = None     # the runtime's mounts allowed here, when asked
         cur, root = mid, is_root
         for _ in range(64):
-            if cur in allowed:
+            if cur == self.mnt_id or cur in ours:
+                break
+            if runtime is None:
+                runtime = set()
+                for name, ok in (("dev", path == "/dev" or path.startswith("/dev/")),
+                                 ("proc", allow_proc)):
+                    got = self._runtime_mount(name) if ok else None
+                    if got is not None:
+                        runtime.add(got[0])
+            if cur in runtime:
                 break
             if not root:
                 raise NvhookError(f"mount target {path} in the rootfs is on another mount than "
@@ -678,22 +691,28 @@ class RootFS:
             os.fchmod(fd, mode)
 
     def makedirs(self, path: str, mode: int = 0o755) -> int:
-        """O_PATH fd of directory `path`, creating missing components (mkdirat on the
-        resolved parent, owned by the rootfs owner). Each prefix is re-resolved from
-        the rootfs, so a component swapped for a symlink still resolves inside it."""
+        """O_PATH fd of directory `path` (the caller's), creating missing components
+        (mkdirat on the resolved parent, owned by the rootfs owner). Each prefix is
+        re-resolved from the rootfs, so a component swapped for a symlink still
+        resolves inside it."""
         parts = split(path)
-        key = "/" + "/".join(parts)
+        return os.dup(self._dir("/" + "/".join(parts), parts, mode))
+
+    def _dir(self, key: str, parts: list[str], mode: int = 0o755) -> int:
+        """makedirs() of `key` ("/" + "/".join(parts)), the fd lent from the cache: good
+        until the cache is next cleared (forget_dirs: a directory mount, rollback or
+        commit), and never to be closed by the borrower."""
         if self._gen != self.journal.generation:   # rolled back or committed since
             self.forget_dirs()
             self._gen = self.journal.generation
         cached = self._dirs.get(key)
         if cached is not None:
-            return os.dup(cached)
+            return cached
         try:   # the common case: it exists; one walk, still inside the rootfs
             fd = openat2(self.fd, key[1:] or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, RESOLVE)
         except OSError:
             fd = self._makedirs(parts, mode)    # creates, or finds what is wrong
-        self._dirs[key] = os.dup(fd)
+        self._dirs[key] = fd
         return fd
 
     def _makedirs(self, parts: list[str], mode: int) -> int:
@@ -749,17 +768,14 @@ class RootFS:
     def _parent(self, path: str) -> tuple[int, str, bool]:
         """(fd of the directory of `path`, made if missing, the last component, whether
         that directory is on the rootfs's own mount); refused unless we may create
-        entries there (_check_create)."""
+        entries there (_check_create). The fd is lent (_dir): the callers use it for
+        the one entry they make, with no mount in between, and never close it."""
         parts = split(path)
         if not parts:
             raise NvhookError("the rootfs itself cannot be a file")
         key = "/" + "/".join(parts[:-1])
-        fd = self.makedirs(key)
-        try:
-            return fd, parts[-1], self._check_create(fd, path, key)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = self._dir(key, parts[:-1])
+        return fd, parts[-1], self._check_create(fd, path, key)
 
     def make_file(self, path: str, mode: int = 0o644) -> bool:
         """Create an empty regular file (mount target) unless something exists there.
@@ -773,25 +789,22 @@ class RootFS:
     def _create_file(self, path: str, mode: int = 0o644) -> tuple[int, os.stat_result] | None:
         """make_file, returning an fd of the new file and its fstat (None if something
         was there)."""
-        parent, name, durable = self._parent(path)
+        parent, name, durable = self._parent(path)    # (lent: not closed here)
         try:
-            try:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, mode, dir_fd=parent)
-            except FileExistsError:
-                return None
-            except OSError as e:
-                raise NvhookError(f"cannot create {path} in the rootfs: {os.strerror(e.errno)}") from None
-            try:
-                st = os.fstat(fd)
-                self.journal.create(path, parent, name, False, st, durable=durable)
-                self._own(fd, mode, st)
-            except BaseException:
-                os.close(fd)
-                raise
-            return fd, st
-        finally:
-            os.close(parent)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, mode, dir_fd=parent)
+        except FileExistsError:
+            return None
+        except OSError as e:
+            raise NvhookError(f"cannot create {path} in the rootfs: {os.strerror(e.errno)}") from None
+        try:
+            st = os.fstat(fd)
+            self.journal.create(path, parent, name, False, st, durable=durable)
+            self._own(fd, mode, st)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file of ours into the image. A new file is made with O_EXCL; an
@@ -824,7 +837,6 @@ class RootFS:
         finally:
             if old_fd is not None:
                 os.close(old_fd)
-            os.close(parent)
 
     def _swap_in(self, path: str, parent: int, name: str, tmp: str, st: os.stat_result,
                  old_fd: int | None, old: os.stat_result | None, durable: bool) -> None:
@@ -862,7 +874,6 @@ class RootFS:
         finally:
             if fd is not None:
                 os.close(fd)
-            os.close(parent)
 
     def _save(self, path: str, parent: int, name: str, fd: int, old: os.stat_result,
               durable: bool) -> None:
@@ -935,8 +946,6 @@ class RootFS:
             return True
         except OSError as e:
             raise NvhookError(f"cannot create symlink {path} in the rootfs: {os.strerror(e.errno)}") from None
-        finally:
-            os.close(parent)
 
     # -- replaying what a killed apply left ----------------------------------------
     def replay(self, records: list[dict]) -> list[str]:
@@ -1135,8 +1144,7 @@ class RootFS:
     def bind_tree(self, tree: int, st: os.stat_result, path: str, attrs: int, *,
                   recursive: bool = False, expect: str | None = None, source: str = "") -> None:
         """Attach a source cloned with open_host(); on success the journal owns `tree`."""
-        check = {"file": stat.S_ISREG, "dir": stat.S_ISDIR, "socket": stat.S_ISSOCK,
-                 "char": stat.S_ISCHR}.get(expect or "", None)
+        check = _EXPECT_TYPE.get(expect or "")
         if check is not None and not check(st.st_mode):
             raise NvhookError(f"cannot mount {source or path} at {path}: source is a "
                               f"{_kind(st.st_mode)}, expected {expect}")

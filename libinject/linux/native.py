@@ -4,6 +4,7 @@ Every wrapper raises OSError(errno) on failure, like the os module does.
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from libinject.linux._native import ffi, lib  # type: ignore[import-not-found]
@@ -133,6 +134,37 @@ def open_tree(dirfd: int, path: str, flags: int) -> int:
     return _check(lib.nv_open_tree(dirfd, path.encode(), flags), "open_tree", path)
 
 
+def open_trees(paths: list[str], recursive: list[bool]) -> list[int] | None:
+    """Detached clones (open_tree OPEN_TREE_CLONE, close-on-exec) of absolute host
+    paths, each opened as libinject.apply.rootfs.open_host opens one (no symlink
+    followed anywhere in the path), in one call; the fds in order. None when any path
+    could not be opened, or is not one this call takes (relative, not UTF-8, a NUL in
+    it): nothing is left open then, and the caller opens them one by one (to fail with
+    what that says)."""
+    packed = _pack(paths)
+    if packed is None or not all(p.startswith("/") for p in paths):
+        return None
+    n = len(paths)
+    fds = ffi.new("int[]", max(n, 1))
+    done = lib.nv_open_trees(packed, n, bytes(map(bool, recursive)), fds)
+    got = [fds[i] for i in range(done)]
+    if done != n:
+        for fd in got:
+            os.close(fd)
+        return None
+    return got
+
+
+def _pack(paths: list[str]) -> bytes | None:
+    """Paths for a C call taking them NUL-terminated one after the other (None: one is
+    not UTF-8, or holds a NUL)."""
+    try:
+        packed = b"".join([p.encode() + b"\0" for p in paths])
+    except UnicodeEncodeError:
+        return None
+    return packed if packed.count(b"\0") == len(paths) else None
+
+
 def move_mount(from_dirfd: int, from_path: str, to_dirfd: int, to_path: str, flags: int) -> None:
     _check(lib.nv_move_mount(from_dirfd, from_path.encode(), to_dirfd, to_path.encode(), flags),
            "move_mount", to_path)
@@ -165,10 +197,8 @@ def fstatfs_type(fd: int) -> int:
 def mount_id(fd: int) -> tuple[int, bool]:
     """(mount id as /proc/PID/mountinfo numbers it, whether fd is that mount's root)
     of the file fd refers to (O_PATH fds too; a symlink fd is not followed)."""
-    mid = ffi.new("unsigned long long *")
-    root = ffi.new("int *")
-    _check(lib.nv_mount_id(fd, mid, root), "statx")
-    return int(mid[0]), bool(root[0])
+    got = _check(lib.nv_mount_id(fd), "statx")
+    return got >> 1, bool(got & 1)
 
 
 def address_of(buf) -> int:

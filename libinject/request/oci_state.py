@@ -141,8 +141,27 @@ def loads_json(data: bytes | str, what: str) -> Any:
     except ValueError as e:     # JSONDecodeError, UnicodeDecodeError, int digit limit
         msg = "a number has too many digits" if "integer string conversion" in str(e) else str(e)
         raise NvhookError(f"{what} is not valid JSON: {msg}") from None
-    _check_tree(obj, what)
+    if isinstance(data, (bytes, bytearray)) and b"\\u" not in data:
+        # Strict UTF-8 bytes without a \u escape hold no NUL (strict JSON has no raw
+        # control characters in strings) and no lone surrogate (the decoder refuses
+        # their UTF-8 forms): only the depth is left to check.
+        if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+            _check_depth(obj, what)
+    else:
+        _check_tree(obj, what)
     return obj
+
+
+def _check_depth(obj: Any, what: str) -> None:
+    """_check_tree's depth check alone: only lists and objects are walked."""
+    stack: list[tuple[Any, int]] = [(obj, 1)] if isinstance(obj, (dict, list)) else []
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise NvhookError(f"{what} is nested more than {MAX_DEPTH} levels deep")
+        for x in (v.values() if isinstance(v, dict) else v):
+            if isinstance(x, (dict, list)):
+                stack.append((x, depth + 1))
 
 
 def _mismatch(v: Any, kind: str) -> tuple[str, Any, str] | None:
@@ -190,8 +209,49 @@ def field(obj: Any, path: str, kind: str, what: str = "OCI spec", prefix: str = 
     return cur
 
 
+def _walk(obj: Any, keys: tuple[str, ...]) -> tuple[bool, Any]:
+    """field()'s walk without its messages: (False, _) where field() raises for a
+    parent that is not an object, else (True, the value or None)."""
+    cur = obj
+    for key in keys:
+        if not isinstance(cur, dict):
+            return False, None
+        cur = cur.get(key)
+        if cur is None:
+            return True, None
+    return True, cur
+
+
+# SPEC_FIELDS split once: (keys, keys of each list item or None, kind)
+_SPEC_KEYS = tuple((tuple(head.split(".")), tuple(tail.split(".")) if sep else None, kind)
+                   for (head, sep, tail), kind in ((p.partition("[]."), k) for p, k in SPEC_FIELDS))
+
+
+def _spec_ok(spec: dict[str, Any]) -> bool:
+    """Whether check_spec() finds nothing (the common case, without building its messages)."""
+    for keys, item_keys, kind in _SPEC_KEYS:
+        ok, v = _walk(spec, keys)
+        if not ok:
+            return False
+        if item_keys is None:
+            if v is not None and _mismatch(v, kind) is not None:
+                return False
+            continue
+        if v is None:
+            continue
+        if _mismatch(v, "objects") is not None:
+            return False
+        for item in v:
+            ok, x = _walk(item, item_keys)
+            if not ok or (x is not None and _mismatch(x, kind) is not None):
+                return False
+    return True
+
+
 def check_spec(spec: dict[str, Any], what: str = "OCI spec") -> None:
     """Every field in SPEC_FIELDS has its type (or is absent); NvhookError naming the first that has not."""
+    if _spec_ok(spec):
+        return
     for path, kind in SPEC_FIELDS:
         head, sep, tail = path.partition("[].")
         if not sep:

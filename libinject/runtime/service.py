@@ -195,6 +195,8 @@ class DriverCache:
     def __init__(self) -> None:
         self.entries: dict[tuple, Any] = {}
         self.new: list[tuple[tuple, Any]] = []
+        # (inputs, key) of prefetch(): this request's fingerprint, taken a moment early
+        self.ahead: tuple[tuple, tuple] | None = None
 
     def discover(self, root: str = "/", *, ldcache: str | None = None,
                  dev_root: str | None = None, nvml_timeout: float = 10.0,
@@ -208,7 +210,11 @@ class DriverCache:
 
         if not snapshot:        # the config asks for no caching of discovery: none here either
             return fresh()
-        key = self.key(root, ldcache, dev_root)
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == (root, ldcache, dev_root):
+            key = ahead[1]
+        else:
+            key = self.key(root, ldcache, dev_root)
         driver = self.entries.get(key)
         if driver is None:
             driver = fresh()
@@ -217,6 +223,14 @@ class DriverCache:
                 self.remember(key, driver)
                 self.new.append((key, driver))
         return driver
+
+    def prefetch(self, root: str, ldcache: str | None, dev_root: str | None) -> None:
+        """Take key() of these inputs now, for the next discover() with the same ones
+        to use (once). A worker calls it between its b"A" and the front's b"G": the
+        request's own fingerprint, read while the front answers, before anything is
+        done to the container; a discover() with other inputs takes its own."""
+        self.ahead = None
+        self.ahead = ((root, ldcache, dev_root), self.key(root, ldcache, dev_root))
 
     @staticmethod
     def key(root: str, ldcache: str | None, dev_root: str | None) -> tuple:
@@ -466,6 +480,7 @@ class Server:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.pid = os.getpid()
         self.ns_fds = [os.open(f"/proc/self/ns/{n}", os.O_RDONLY | os.O_CLOEXEC) for n in NAMESPACES]
+        self.ns_ids = [(st.st_dev, st.st_ino) for st in map(os.fstat, self.ns_fds)]
 
     def log(self, msg: str) -> None:
         if self.log_fd is None:
@@ -583,7 +598,7 @@ class Server:
             return
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        why = _untrusted_peer(conn, pid, uid)
+        why = _untrusted_peer(conn, pid, uid, self.ns_ids[0])
         if why:
             # it falls back to exec'ing Python itself, in its own namespaces
             self.log(f"refused peer pid={pid} uid={uid}: {why}")
@@ -764,11 +779,28 @@ class Server:
                     self.log(f"learned {len(drivers)} driver(s) from worker {job.child.pid}")
                     for d in drivers:
                         self._remember_libraries(d)
+                    self._fingerprint_again(report["drivers"][-1][0])
                 if report.get("pages"):
                     self._keep_pages(report["pages"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
+
+    @staticmethod
+    def _fingerprint_again(key: list) -> None:
+        """A worker discovered anew (the host changed): take the fingerprint of that
+        driver root here too, for snapshot.probe() to remember in the workers we fork
+        from now on (they start from the server's last one; else each would hash the
+        changed host afresh). What the host is now, read here: never a worker's."""
+        from libinject.discover import driver as D
+        from libinject.discover import snapshot as S
+
+        try:
+            root, dev, cache = key[0], key[1], key[2]
+            if all(isinstance(x, str) for x in (root, dev, cache)):
+                S.probe(root, dev, cache, D._WATCH if D._WATCH is not None else D._watch_dirs())
+        except Exception:  # noqa: BLE001 - only a head start for the next workers
+            pass
 
     def _keep_pages(self, runs: list) -> None:
         """A worker's copied pages (copied_pages()), added to what spares pre-fault; past
@@ -936,6 +968,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         try:
             limit = math.ceil(min(self.server.timeout, 86400))     # the front adds its grace
             self.conn.send(ACCEPTED + struct.pack("i", max(1, limit)), socket.MSG_NOSIGNAL)
+            self._prefetch(req)     # while the front answers
             if self.conn.recv(16) != GO:
                 return 0        # it fell back (or went away): not ours to do
         except OSError:
@@ -966,6 +999,28 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         if late:
             self.log(f"warning: imported after fork (add to service.PRELOAD): {', '.join(late)}")
         return (code & 0x7f) | reported
+
+    def _prefetch(self, req: Request) -> None:
+        """Read-only work of the request's, done while the front answers b"A": its
+        config (kept parsed, libinject.config) and the discovery fingerprint of the
+        driver root it names (DriverCache.prefetch), for hook.handle() to use. Nothing
+        is written, logged or changed; anything wrong is left for handle() to find and
+        report (it does all of this again where this did not). Where handle() would
+        take other inputs (it reads no config in a user namespace), the fingerprint
+        taken here is not the one it asks for, and goes unused."""
+        try:
+            from libinject import config as config_mod
+
+            args = req.args
+            if args is None or any(v and not v.startswith("/") for v in (args.config, args.root)):
+                return      # handle() refuses these
+            config_mod._request_loads = {}      # (this worker's one request)
+            cfg = config_mod.load(args.config, {}, trusted=True)
+            opts = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
+            if opts.snapshot:
+                self.server.cache.prefetch(opts.root, opts.ldcache, opts.dev_root)
+        except Exception:  # noqa: BLE001 - handle() meets it again and says so
+            self.server.cache.ahead = None
 
     def _report(self, reported: bool) -> None:
         """What the server keeps from this request (it reads it once we are gone): the
@@ -1009,8 +1064,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             return decline(f"stage {req.stage!r} is not served")
         if not stat.S_ISREG(os.fstat(fds[0]).st_mode):
             return decline("state is not a regular file")
-        for fd, name in zip(fds[1:], NAMESPACES):
-            if not _same_ns(fd, name):
+        for fd, name, ours in zip(fds[1:], NAMESPACES, self.server.ns_ids):
+            if not _same_ns(fd, name, ours):
                 return decline(f"the peer is not in our {name} namespace")
         return req
 
@@ -1025,19 +1080,25 @@ def _set_idle(pid: int, idle: bool) -> bool:
     return True
 
 
-def _same_ns(fd: int, name: str) -> bool:
-    """Is fd our /proc/self/ns/<name> (the same nsfs inode)?"""
+def _same_ns(fd: int, name: str, ours: tuple[int, int] | None = None) -> bool:
+    """Is fd our /proc/self/ns/<name> (the same nsfs inode)? ours: its (st_dev, st_ino),
+    if known (a worker has the server's, which are its own: it enters no namespace
+    before this check)."""
     try:
-        a, b = os.fstat(fd), os.stat(f"/proc/self/ns/{name}")
+        a = os.fstat(fd)
+        if ours is None:
+            b = os.stat(f"/proc/self/ns/{name}")
+            ours = (b.st_dev, b.st_ino)
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    return (a.st_dev, a.st_ino) == ours
 
 
-def _untrusted_peer(conn: socket.socket, pid: int, uid: int) -> str:
+def _untrusted_peer(conn: socket.socket, pid: int, uid: int,
+                    our_mnt: tuple[int, int] | None = None) -> str:
     """Why a connected peer is not the runtime ("" if it is): root, in our own mount
-    namespace, and still the process that connected (its pidfd, where the kernel has
-    SO_PEERPIDFD; before 6.5 the pid alone)."""
+    namespace (our_mnt: its (st_dev, st_ino), if known), and still the process that
+    connected (its pidfd, where the kernel has SO_PEERPIDFD; before 6.5 the pid alone)."""
     if uid != 0:
         return "not root"
     if pid <= 0:
@@ -1051,10 +1112,12 @@ def _untrusted_peer(conn: socket.socket, pid: int, uid: int) -> str:
     try:
         try:
             theirs = os.stat(f"/proc/{pid}/ns/mnt")
-            ours = os.stat("/proc/self/ns/mnt")
+            if our_mnt is None:
+                ours = os.stat("/proc/self/ns/mnt")
+                our_mnt = (ours.st_dev, ours.st_ino)
         except OSError as e:
             return f"its mount namespace: {e.strerror}"
-        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        if (theirs.st_dev, theirs.st_ino) != our_mnt:
             return "in another mount namespace"
         if pidfd >= 0:
             try:

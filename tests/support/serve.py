@@ -50,8 +50,15 @@ class Serve:
     def log(self) -> str:
         return self.logfile.read_text(errors="replace")
 
-    def statuses(self) -> list[int]:
-        return [int(s) for s in re.findall(r"request from pid \d+: status (-?\d+)", self.log())]
+    def statuses(self, n: int = 0) -> list[int]:
+        """The statuses the server logged, once there are at least n (a worker sends the
+        front its status before the server reaps it and logs it: wait for the log)."""
+        def logged() -> list[int]:
+            return [int(s) for s in re.findall(r"request from pid \d+: status (-?\d+)", self.log())]
+
+        if n:
+            self.wait_until(lambda: len(logged()) >= n, f"{n} statuses logged", timeout=10)
+        return logged()
 
     def children(self) -> list[int]:
         try:
