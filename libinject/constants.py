@@ -30,5 +30,8 @@ SERVE_SOCKET = "/run/nvhook/hook.sock"
 
 # Where discovery snapshots live unless [nvhook] snapshot-dir says otherwise.
 SNAPSHOT_DIR = "/run/nvhook/snapshots"
+# ... and the key that seals them: not under /run, which a root process outside the
+# runtime's namespaces may be able to write (a container given the host's /run).
+SNAPSHOT_KEY_DIR = "/var/lib/nvhook"
 # The X server's GLX module; the driver ships libglxserver_nvidia.so.<version>, X loads this name.
 GLXSERVER = "libglxserver_nvidia.so"

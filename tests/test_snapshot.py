@@ -376,3 +376,37 @@ def test_remembered_fingerprint_is_the_hashed_one(fresh_sim_host, monkeypatch):
     assert k2 not in (k0, k1)
     monkeypatch.setattr(S, "_last", None)
     assert S.probe(*args)[0] == k2
+
+
+def test_default_dir_key_is_out_of_reach_of_a_run_writer(fresh_sim_host, tmp_path, monkeypatch):
+    """The attack: a root process outside the runtime's namespaces that can write the
+    host's /run (a container given it as a volume) replaces the snapshot, sealed with a
+    key it wrote beside it, naming its own file as libcuda: every GPU container would
+    load it. The default dir's key lives in KEY_DIR (/var/lib/nvhook), not under /run:
+    the forged snapshot is discarded and the library stays the driver's. (The driver
+    root is "/" on a real host, so the peer's file in /run is under it: here the
+    simulated root's run/ stands for the host's /run.)"""
+    root = fresh_sim_host("a100x8")
+    run_dir, key_dir = root / "run/nvhook/snapshots", tmp_path / "var/lib/nvhook"
+    monkeypatch.setattr(S, "DEFAULT_DIR", str(run_dir))
+    monkeypatch.setattr(S, "KEY_DIR", str(key_dir), raising=False)
+    evil = root / "run/libcuda.so.550.163.01"               # the peer's own library, in "/run"
+    evil.write_bytes(b"\x7fELF evil")
+    run_dir.mkdir(parents=True, mode=0o700)
+    d0 = discover(str(root), snapshot_dir=str(run_dir))
+    snap = _only(run_dir)
+    _, fp, doc = _split(snap)
+    for lib in doc["libraries"]:
+        if lib["soname"] == "libcuda.so.1":
+            lib["path"] = str(evil)
+    forged_key = os.urandom(S.KEY_BYTES)
+    (run_dir / S.KEY_NAME).write_bytes(forged_key)
+    os.chmod(run_dir / S.KEY_NAME, 0o600)
+    snap.write_bytes(S.seal(fp, json.dumps(doc).encode(), forged_key))
+    lines: list[str] = []
+    d = discover(str(root), snapshot_dir=str(run_dir), log=lines.append)
+    assert d == d0 and str(evil) not in {lib.path for lib in d.libraries}
+    assert lines and "seal does not match" in lines[0]
+    (run_dir / S.KEY_NAME).unlink()
+    assert (key_dir / S.KEY_NAME).is_file() and not (run_dir / S.KEY_NAME).exists()
+    assert _reloads(run_dir, root) == d0                    # rewritten, sealed with KEY_DIR's key

@@ -19,12 +19,14 @@ tick is still seen.
 
 A snapshot never changes which devices a container gets. Snapshot files and their
 directory must belong to us and not be writable by others; beyond that:
-  - sealed: a keyed BLAKE2b MAC over fingerprint and body, with a random key kept
-    in the snapshot dir (KEY_NAME, 0600, made with O_EXCL + link). Whoever can write
-    the file is root and can read the key, so this is not a defence against root: it
-    makes any edit made without the key (by hand, a stray tool, corruption) and any
-    file not written by save() fail, including the fields nothing on the host can
-    confirm (MIG UUIDs, library paths, names);
+  - sealed: a keyed BLAKE2b MAC over fingerprint and body, with a random key
+    (KEY_NAME, 0600, made with O_EXCL + link) kept apart from the snapshots of the
+    default dir: in KEY_DIR (/var/lib/nvhook), not under /run, so a root process that
+    can write the host's /run (a container given it as a volume: not trusted) cannot
+    seal a snapshot, and the fields nothing on the host can confirm (MIG UUIDs, library
+    paths, names) are ours. A snapshot dir an admin chose keeps its key beside it (the
+    admin chose where it lives). Any edit made without the key (by hand, a stray tool,
+    corruption, that peer) and any file not written by save() fail;
   - decoded strictly (libinject.discover.decode): exact fields and types, ranges,
     absolute paths, GPUs in index order with unique minors;
   - cross-checked against what the fingerprint just read, which holds even against
@@ -42,7 +44,7 @@ import stat
 import time
 
 from libinject import jsonc
-from libinject.constants import SNAPSHOT_DIR
+from libinject.constants import SNAPSHOT_DIR, SNAPSHOT_KEY_DIR
 from libinject.discover import decode
 from libinject.discover import procfs as _procfs
 from libinject.linux import atomic
@@ -59,6 +61,7 @@ except ImportError:  # pragma: no cover
 
 FORMAT = 3              # 2: sealed; Driver.procfs and Driver.gpu_procfs; 3: graphics files, DRM nodes
 DEFAULT_DIR = SNAPSHOT_DIR
+KEY_DIR = SNAPSHOT_KEY_DIR
 KEY_NAME = "snapshot.key"
 KEY_BYTES = 32
 MAX_BYTES = 16 << 20    # a snapshot is ~100 KB; a bigger file is not one of ours
@@ -279,16 +282,36 @@ def _key_at(dfd: int) -> bytes | None:
         os.close(fd)
 
 
+def key_dir(directory: str) -> str:
+    """Where the key of the snapshots in `directory` lives: KEY_DIR for the default
+    snapshot dir (under /run), else beside them."""
+    return KEY_DIR if os.path.abspath(directory) == os.path.abspath(DEFAULT_DIR) else directory
+
+
 def read_key(directory: str) -> bytes | None:
-    """The snapshot key of `directory` (None: none usable)."""
+    """The key of the snapshots in `directory` (None: none usable)."""
     try:
-        dfd = atomic.open_dir(directory)
+        dfd = atomic.open_dir(key_dir(directory))
     except OSError:
         return None
     try:
         return _key_at(dfd)
     finally:
         os.close(dfd)
+
+
+def _own_key(directory: str) -> bytes:
+    """The key of the snapshots in `directory`, made if there is none (its directory
+    too: root-only). OSError when it cannot be."""
+    kdir = key_dir(directory)
+    os.makedirs(kdir, mode=0o700, exist_ok=True)
+    kfd = atomic.open_dir(kdir)
+    try:
+        if not _trusted(os.fstat(kfd)):
+            raise PermissionError(f"{kdir} is not ours alone")
+        return _ensure_key(kfd)
+    finally:
+        os.close(kfd)
 
 
 def _ensure_key(dfd: int) -> bytes:
@@ -323,6 +346,18 @@ def _ensure_key(dfd: int) -> bytes:
             os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
+
+
+def _trusted_key(directory: str) -> bytes | None:
+    """The key in `directory` if the directory is ours alone (None otherwise)."""
+    try:
+        dfd = atomic.open_dir(directory)
+    except OSError:
+        return None
+    try:
+        return _key_at(dfd) if _trusted(os.fstat(dfd)) else None
+    finally:
+        os.close(dfd)
 
 
 # ----------------------------------------------------------------------------- load
@@ -374,13 +409,15 @@ def _load(path: str, key: str, host: HostView | None):
                 body = f.read(MAX_BYTES + 1)
         finally:
             os.close(fd)
-        mac_key = _key_at(dfd)
+        directory = os.path.dirname(path) or "."
+        kdir = key_dir(directory)
+        mac_key = _key_at(dfd) if kdir == directory else _trusted_key(kdir)
     finally:
         os.close(dfd)
     if len(body) > MAX_BYTES:
         raise _Bad(f"larger than {MAX_BYTES} bytes")
     if mac_key is None:
-        raise _Bad(f"no usable key {KEY_NAME} beside it")
+        raise _Bad(f"no usable key {KEY_NAME} in {kdir}")
     if not _compare_digest(mac, _mac(mac_key, key.encode(), body)):
         raise _Bad("seal does not match (edited, damaged or not written by nvhook)")
     try:
@@ -535,7 +572,7 @@ def save(path: str, key: str, driver) -> bool:
         try:
             if not _trusted(os.fstat(dfd)):
                 return False
-            atomic.write_at(dfd, os.path.basename(path), seal(key, body, _ensure_key(dfd)), 0o600)
+            atomic.write_at(dfd, os.path.basename(path), seal(key, body, _own_key(directory)), 0o600)
             prune(dfd, os.path.basename(path))
         finally:
             os.close(dfd)
