@@ -9,6 +9,8 @@ import shutil
 import stat
 import subprocess
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -144,26 +146,33 @@ def test_missing_source_or_wrong_device(rootfs, tmp_path, no_leaked_mounts):
 
 
 # -- --pid: another process's mount namespace ----------------------------------------
-@pytest.fixture
-def container(rootfs, tmp_path):
-    """A process in its own private mount namespace whose <rootfs>/dev is a tmpfs only
-    it sees (as runc's containers at prestart) and where the host dir is hidden."""
-    host = tmp_path / "host"
-    host.mkdir()
-    ready = tmp_path / "ready"
+@contextmanager
+def _namespace(mounts: str, ready: Path):
+    """A process (yielded) in its own private mount namespace, once the shell commands
+    `mounts` have run there; killed afterwards."""
     p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                          f"mount -t tmpfs tmpfs {rootfs}/dev && mount -t tmpfs tmpfs {host} "
-                          f"&& touch {ready} && exec sleep 60"])
+                          f"{mounts} && touch {ready} && exec sleep 60"])
     try:
         deadline = time.monotonic() + 10
         while not ready.exists():
             assert p.poll() is None, f"container setup failed (exit status {p.returncode})"
             assert time.monotonic() < deadline, "container not ready within 10 s"
             time.sleep(0.02)
-        yield p.pid
+        yield p
     finally:
         p.kill()
         p.wait(timeout=10)
+
+
+@pytest.fixture
+def container(rootfs, tmp_path):
+    """A process in its own private mount namespace whose <rootfs>/dev is a tmpfs only
+    it sees (as runc's containers at prestart) and where the host dir is hidden."""
+    host = tmp_path / "host"
+    host.mkdir()
+    with _namespace(f"mount -t tmpfs tmpfs {rootfs}/dev && mount -t tmpfs tmpfs {host}",
+                    tmp_path / "ready") as p:
+        yield p.pid
 
 
 def test_apply_into_other_namespace(rootfs, tmp_path, container, no_leaked_mounts):
@@ -272,25 +281,14 @@ def test_one_mountinfo_reading_per_apply(rootfs, tmp_path, no_leaked_mounts):
     each mount of ours, the procfs tmpfs and the gpus/ entries bound in it, was read
     again for its propagation, which attach() now knows)."""
     edits = make_host(tmp_path / "host_src")
-    ready = tmp_path / "ready"
-    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                          f"mount -t tmpfs tmpfs {rootfs}/dev && mount -t proc proc {rootfs}/proc "
-                          f"&& touch {ready} && exec sleep 60"])
-    try:
-        deadline = time.monotonic() + 10
-        while not ready.exists():
-            assert p.poll() is None, f"container setup failed (exit status {p.returncode})"
-            assert time.monotonic() < deadline, "container not ready within 10 s"
-            time.sleep(0.02)
+    with _namespace(f"mount -t tmpfs tmpfs {rootfs}/dev && mount -t proc proc {rootfs}/proc",
+                    tmp_path / "ready") as p:
         before_ns = mountinfo(p.pid)
         mounted, reads = in_ns(_count_mountinfo_reads, rootfs, edits, p.pid)
         assert mounted == ["/proc/driver"] + _planned(edits)
         got = [m.mountpoint[len(str(rootfs)):] for m in new_mounts(before_ns, mountinfo(p.pid))]
         assert sorted(got) == sorted(mounted)
         assert reads == 1
-    finally:
-        p.kill()
-        p.wait(timeout=10)
 
 
 def test_in_process_cgroup_failure_rolls_back(rootfs, tmp_path, container, monkeypatch,
