@@ -558,7 +558,8 @@ def test_learned_pages_are_checked_and_bounded(sockdir):
     s._keep_pages([[12, 1]])
     assert s.prefault_runs == [(10, 3), (20, 1)]
     for bad in ([["10", 1]], [[-1, 1]], [[5, 0]], [[5, True]], [[5, 1, 1]], [5, 1], {"5": 1},
-                [[30, 1], [0, MAX_PREFAULT]]):          # (too many: none of it is taken)
+                [[30, 1], [0, MAX_PREFAULT]],           # (too many: none of it is taken)
+                [[1 << 60, 1]]):                         # (above any user address)
         s._keep_pages(bad)
         assert s.prefault_runs == [(10, 3), (20, 1)]
     s._keep_pages([[100, MAX_PREFAULT - 1]])        # the union would be too large: only this

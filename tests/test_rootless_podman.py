@@ -34,7 +34,8 @@ from support import hookenv
 from support.podman import RootlessPodman, rootless_user, unreachable_dirs
 
 HOOK_LINE = ("nvhook: {stage}: cannot give this container GPUs: the hook runs in a user "
-             "namespace (a rootless engine), where no device cgroup can be set; use CDI "
+             "namespace (a rootless engine, or a container's own user namespace at "
+             "createContainer), where no device cgroup can be set; use CDI "
              "instead: as root `nvhook cdi generate --output /etc/cdi/nvidia.yaml`, then "
              "`podman run --device nvidia.com/gpu=0 ...`\n")
 PROBE = ("nvidia-smi -L; ls /proc/driver/nvidia/gpus; "

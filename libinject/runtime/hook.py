@@ -101,7 +101,8 @@ def in_user_namespace() -> bool:
 def unprivileged(userns: bool) -> str | None:
     """Why this process cannot give a container GPUs (None: it may be able to)."""
     if userns:
-        return "the hook runs in a user namespace (a rootless engine), where no device cgroup can be set"
+        return ("the hook runs in a user namespace (a rootless engine, or a container's own user "
+                "namespace at createContainer), where no device cgroup can be set")
     if os.geteuid() != 0:
         return f"the hook runs as uid {os.geteuid()}, not root"
     return None

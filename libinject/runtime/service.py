@@ -109,6 +109,7 @@ LEARN_FIRST = 8                 # workers report their copied pages: the first o
 LEARN_EVERY = 16                # every 16th (the page scan is ~1 ms after the status)
 PREFAULTING = b"P"              # spare -> server: set up, pre-faulting (its CPU may go idle)
 MAX_MAPPING_PAGES = 1 << 16     # a worker's mappings larger than this (256 MiB) are not scanned
+MAX_USER_PAGE = (1 << 47) // PAGE   # x86-64's user address space: no report names a page above
 
 # What the hook (and the children it forks without exec) may import: all of it before
 # any worker runs, so no worker ever reads Python from the front's mount namespace.
@@ -811,7 +812,8 @@ class Server:
             return
         for run in runs:
             if not (type(run) is list and len(run) == 2 and type(run[0]) is int
-                    and type(run[1]) is int and run[0] >= 0 and 0 < run[1] <= MAX_PREFAULT - len(pages)):
+                    and type(run[1]) is int and run[0] >= 0 and 0 < run[1] <= MAX_PREFAULT - len(pages)
+                    and run[0] + run[1] <= MAX_USER_PAGE):
                 return      # not what copied_pages() makes: none of it
             pages.update(range(run[0], run[0] + run[1]))
         merged = self.prefault_pages | pages
@@ -904,7 +906,10 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             except OSError:     # its end closed: it handed us a request already (or stops)
                 pass
             else:
-                prefault(server.prefault_runs, sock)
+                try:
+                    prefault(server.prefault_runs, sock)
+                except Exception:  # noqa: BLE001 - only a head start: the request comes all the same
+                    pass
         try:
             data, anc, _flags, _ = sock.recvmsg(8, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
         except OSError as e:
