@@ -19,18 +19,21 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
               dry_run: bool = False,
               log: Callable[[str], None] | None = None,
               discover_fn: Callable[..., Driver] | None = None,
+              plan_fn: Callable[..., ContainerEdits] | None = None,
               in_process: bool = False) -> ContainerEdits:
     """Discover the driver (options), plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
     discover_fn: stands in for libinject.discover.driver.discover (same signature), e.g. the
-    hook service's in-memory cache (libinject.runtime.service).
+    hook service's in-memory cache (libinject.runtime.service); plan_fn likewise for
+    libinject.plan.planner.plan (the service's plans, made once per request and driver).
     in_process: apply in this process instead of a forked worker (one fork less on the
     hook's path); only for one-shot processes, since it limits this process's
     capabilities for good."""
     from libinject.discover.libraries import container_lib_dirs
     from libinject.plan.planner import plan
 
+    plan = plan_fn or plan
     say = log or (lambda msg: None)
     driver = options.discover(discover_fn, log=say)
     say(f"driver {driver.info.driver_version} (cuda {driver.info.cuda_version}) under {driver.root}: "

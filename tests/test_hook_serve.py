@@ -343,11 +343,25 @@ def test_worker_timeout(tmp_path, a100_host, hook_config, sockdir):
 
 # -- no stale data, no foreign env -------------------------------------------------------------
 
-def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
-    host = fresh_sim_host("a100x8")
+def _snapshot_config(tmp_path: Path, host: Path) -> Path:
+    """hook config for host with snapshots on: the service warms that driver root and
+    keeps its discovery, fingerprints (the prober) and plans."""
     cfg = hookenv.write_config(tmp_path / "c.toml", host, log=tmp_path / "hook.log",
                                extra=f'snapshot-dir = "{tmp_path}/snap"\n')
     cfg.write_text(cfg.read_text().replace("snapshot = false", "snapshot = true"))
+    return cfg
+
+
+def _said(s: Serve) -> list[tuple[str, str]]:
+    """(fingerprint, plan): where each request's came from, as its worker logged (-v)."""
+    return re.findall(r": fingerprint (.+?), plan (.+)", s.log())
+
+
+def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
+    """The fingerprint of a request is taken after it came (by the prober), so a host
+    changed since the previous one is seen."""
+    host = fresh_sim_host("a100x8")
+    cfg = _snapshot_config(tmp_path, host)
     s = Serve(cfg, sockdir / "hook.sock")
     try:
         assert "warm: driver 550" in s.log()
@@ -365,7 +379,58 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
             r = c.run()
         assert r.returncode == 0 and r.stdout.count("GPU ") == 7, r.stdout + r.stderr
         assert s.statuses(3) == [0, 1, 0]
+        assert [f for f, _ in _said(s)] == ["the prober's"] * 3, s.log()
         assert "imported after fork" not in s.log()     # rediscovery too: all preloaded
+    finally:
+        assert s.stop() == 0
+
+
+def test_without_its_prober_a_worker_takes_its_own_fingerprint(tmp_path, fresh_sim_host, sockdir,
+                                                               gpu_uuids):
+    """A prober that does not answer (stopped) costs a request PROBE_WAIT, never its
+    container; one that died is replaced, and the next request has its fingerprint."""
+    from libinject.runtime.service import PROBE_WAIT
+
+    host = fresh_sim_host("a100x8")
+    cfg = _snapshot_config(tmp_path, host)
+    s = Serve(cfg, sockdir / "hook.sock")
+    try:
+        s.wait_until(lambda: len(s.probers()) == 1, "a prober")
+        [prober] = s.probers()
+        os.kill(prober, signal.SIGSTOP)
+        t = time.monotonic()
+        with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
+            r = c.run()
+        assert time.monotonic() - t >= PROBE_WAIT
+        assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+        assert s.statuses(1) == [0] and _said(s)[-1][0] == "taken here", s.log()
+
+        os.kill(prober, signal.SIGKILL)
+        s.wait_until(lambda: f"prober {prober} is gone" in s.log(), "the prober's death seen")
+        s.wait_until(lambda: len(s.probers()) == 1 and s.probers() != [prober], "a new prober")
+        with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
+            r = c.run()
+        assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+        assert s.statuses(2) == [0, 0] and _said(s)[-1][0] == "the prober's", s.log()
+    finally:
+        assert s.stop() == 0
+
+
+def test_plans_are_remembered_per_request(tmp_path, fresh_sim_host, sockdir, gpu_uuids):
+    """The server keeps each plan a worker made (it makes it again itself) for workers
+    forked after: GPU 1, GPU 0, then both again from memory, each container with its
+    own GPU only."""
+    host = fresh_sim_host("a100x8")
+    cfg = _snapshot_config(tmp_path, host)
+    s = Serve(cfg, sockdir / "hook.sock")
+    try:
+        for n, gpu in enumerate([1, 0, 1, 0], 1):
+            with _runc(tmp_path, cfg, s.sock, [f"NVIDIA_VISIBLE_DEVICES={gpu}"], "nvidia-smi -L") as c:
+                r = c.run()
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert re.findall(r"GPU (\d+):.*\(UUID: (\S+)\)", r.stdout) == [("0", gpu_uuids[gpu])]
+            assert s.statuses(n) == [0] * n
+        assert [p for _, p in _said(s)] == ["made here", "made here", "remembered", "remembered"], s.log()
     finally:
         assert s.stop() == 0
 
@@ -564,6 +629,96 @@ def test_learned_pages_are_checked_and_bounded(sockdir):
         assert s.prefault_runs == [(10, 3), (20, 1)]
     s._keep_pages([[100, MAX_PREFAULT - 1]])        # the union would be too large: only this
     assert s.prefault_runs == [(100, MAX_PREFAULT - 1)]
+
+
+def test_probed_fingerprint_is_used_for_its_inputs_only(fresh_sim_host, monkeypatch):
+    """What the prober wrote is the key, for the inputs it names; anything else (other
+    inputs, not a key, nothing within PROBE_WAIT, nothing at all) and the worker takes
+    its own."""
+    import json
+
+    from libinject.runtime import service
+    from libinject.runtime.service import DriverCache
+
+    host = str(fresh_sim_host("a100x8"))
+    snaps = host + "/../snaps"
+    cache = DriverCache()
+    d = cache.discover(host, snapshot=True, snapshot_dir=snaps)
+    [key] = cache.entries
+    calls = []
+    real = DriverCache.key
+    monkeypatch.setattr(DriverCache, "key", staticmethod(lambda *a: calls.append(a) or real(*a)))
+    monkeypatch.setattr(service, "PROBE_WAIT", 0.2)
+
+    def probed(written: bytes | None, inputs=(host, None, None), close: bool = True):
+        r, w = os.pipe()
+        if written is not None:
+            os.write(w, written)
+        if close:
+            os.close(w)
+        cache.prefetch(host, None, None, r)
+        t = time.monotonic()
+        got = cache.discover(host, snapshot=True, snapshot_dir=snaps)
+        if not close:
+            os.close(w)
+        assert cache.ahead is None
+        return got, cache.said["fingerprint"], time.monotonic() - t
+
+    good = json.dumps([[host, None, None], list(key)]).encode()
+    assert probed(good)[:2] == (d, "the prober's") and calls == []
+    forged = json.dumps([[host, None, None], [*key[:4], "0" * 48]]).encode()
+    got, said, _ = probed(forged)       # (a key no entry has: discovered afresh)
+    assert said == "the prober's" and got is not d
+    calls.clear()
+    for bad in (json.dumps([["/elsewhere", None, None], list(key)]).encode(), b"[1, 2]", b"{",
+                json.dumps([[host, None, None], [*key[:3], "yes", key[4]]]).encode(), b""):
+        got, said, _ = probed(bad)
+        assert said == "taken here" and len(calls) == 1, bad
+        calls.clear()
+    got, said, waited = probed(None, close=False)       # a prober that never answers
+    assert said == "taken here" and len(calls) == 1 and waited >= 0.2
+
+
+def test_plans_are_made_by_the_server_from_what_workers_asked(fresh_sim_host):
+    """A worker reports what it planned (the request, the driver's key, the library
+    dirs); the server makes those plans itself (load_planned), so a report can name a
+    plan but never choose it; requests that fail to plan, drivers it does not have and
+    malformed items are not kept."""
+    import json
+
+    from libinject.plan.planner import plan
+    from libinject.request.model import Request
+    from libinject.runtime.service import DriverCache
+
+    host = str(fresh_sim_host("a100x8"))
+    worker = DriverCache()
+    d = worker.discover(host, snapshot=True, snapshot_dir=host + "/../snaps")
+    [key] = worker.entries
+    lib, lib32 = "/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"
+    r1 = Request(devices="1", capabilities=frozenset({"utility", "compute", "graphics"}))
+    e1 = worker.plan(r1, d, lib_dir=lib, lib32_dir=lib32)
+    assert e1 == plan(r1, d, lib_dir=lib, lib32_dir=lib32) and worker.said["plan"] == "made here"
+    report = json.loads(json.dumps(worker.dump_planned()))
+
+    server = DriverCache()
+    server.entries = dict(worker.entries)
+    assert server.load_planned(report) == 1
+    assert server.plans == {(key, r1, lib, lib32): e1}
+    assert server.load_planned(report) == 0                 # (kept already)
+    [[k, r, _, _]] = report
+    assert server.load_planned([[k, {**r, "devices": "9"}, lib, lib32],    # unknown device: fails
+                                [[*k[:4], "0" * 48], r, lib, lib32],       # no such driver
+                                [k, r, 7, lib32]]) == 0
+    with pytest.raises(ValueError):
+        server.load_planned([[k, {**r, "devices": 1}, lib, lib32]])
+    assert len(server.plans) == 1
+    # a worker forked from it: served from memory, nothing to report
+    server.last = key
+    assert server.plan(r1, d, lib_dir=lib, lib32_dir=lib32) is server.plans[(key, r1, lib, lib32)]
+    assert server.said["plan"] == "remembered" and server.planned == []
+    r0 = Request(devices="0")
+    assert server.plan(r0, d, lib_dir=lib, lib32_dir=lib32) == plan(r0, d, lib_dir=lib, lib32_dir=lib32)
+    assert server.said["plan"] == "made here"
 
 
 def test_prefetched_fingerprint_is_used_once(fresh_sim_host, monkeypatch):

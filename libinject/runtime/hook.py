@@ -133,7 +133,7 @@ def run(args) -> int:
     return handle(stage, data, args, cwd=cwd)
 
 
-def handle(stage: str, state: bytes, args, *, cwd: str | None, discover=None) -> int:
+def handle(stage: str, state: bytes, args, *, cwd: str | None, discover=None, plan=None) -> int:
     """The hook's whole job for one container, for both paths: the exec'd Python (run)
     and a `nvhook serve` worker (libinject.runtime.service). Errors: one line on stderr
     ("nvhook: ..."), exit status 1.
@@ -141,17 +141,18 @@ def handle(stage: str, state: bytes, args, *, cwd: str | None, discover=None) ->
     state: the state JSON as read from stdin (at most MAX_STATE_BYTES + 1 bytes);
     args: the global options (parse_argv's); cwd: where the runtime started the hook
     (a relative bundle is taken from there); discover: libinject.discover.driver.discover
-    or a stand-in (the service's cache)."""
+    or a stand-in (the service's cache); plan: libinject.plan.planner.plan or a stand-in
+    (the service's)."""
     from libinject.errors import NvhookError, report
 
     try:
-        return _handle(stage, state, args, cwd, discover)
+        return _handle(stage, state, args, cwd, discover, plan)
     except NvhookError as e:
         report(e)
         return 1
 
 
-def _handle(stage, data, args, cwd, discover) -> int:
+def _handle(stage, data, args, cwd, discover, plan) -> int:
     from libinject import config as config_mod
     from libinject.errors import NvhookError
     from libinject.log import Log
@@ -184,7 +185,7 @@ def _handle(stage, data, args, cwd, discover) -> int:
         why = unprivileged(userns)
         if why:
             raise NvhookError(f"{stage}: cannot give this container GPUs: {why}; {CDI_ADVICE}")
-        return _configure(stage, state, spec, bundle, request, cfg, args, log, discover)
+        return _configure(stage, state, spec, bundle, request, cfg, args, log, discover, plan)
     except NvhookError as e:
         log.error(f"{stage}: {e}")
         raise
@@ -195,7 +196,7 @@ def _handle(stage, data, args, cwd, discover) -> int:
         raise NvhookError(f"{stage} hook failed: {type(e).__name__}: {e}") from None
 
 
-def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=None) -> int:
+def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=None, plan=None) -> int:
     from libinject.pipeline import configure
     from libinject.request import oci_state
 
@@ -209,6 +210,6 @@ def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=Non
     log.info(f"{stage}: configuring pid={pid} rootfs={rootfs} devices={request.devices} "
              f"capabilities={','.join(sorted(request.capabilities))}")
     configure(request, rootfs, pid=pid, options=options, log=log.info, discover_fn=discover,
-              in_process=True)
+              plan_fn=plan, in_process=True)
     log.info(f"{stage}: done")
     return 0

@@ -55,6 +55,16 @@ server has it run SCHED_IDLE (CPU nobody else wants: never at the expense of a s
 flight), and gives it normal priority back as it hands it a request. Spares and workers
 run with the cyclic GC off (a collection walks, and so copies, the inherited heap; a
 worker lives for one request).
+
+The prober and remembered plans: a request's discovery fingerprint (DriverCache.key, ~1
+ms of a worker's CPU) must be taken after the request came, so a changed host is seen.
+The server's prober, a long-lived child like a spare, takes it on another CPU as soon as
+the server accepts a connection (for the driver root the server warmed) and writes it
+to a pipe the worker reads when it needs it, after reading the request and the
+container's spec; a worker whose prober is busy, slow (PROBE_WAIT) or gone, or whose
+request names another root, takes its own. Plans are a pure function of the request,
+the Driver and the container's library dirs: the server keeps those its workers made
+(DriverCache.plan), making each again itself from what the worker reports.
 """
 from __future__ import annotations
 
@@ -97,9 +107,13 @@ CRASHED = -1                    # the worker died (signal): the front says so an
 TIMED_OUT = -2                  # the worker ran past serve-timeout and was killed
 MAX_JOBS = 64                   # beyond this, connections are closed: the front falls back
 MAX_CACHED = 8                  # driver roots remembered
+MAX_PLANS = 64                  # plans remembered (per request, driver and library dirs)
 RECV_TIMEOUT = 5.0              # the front sends its request right after connect()
 INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
+PROBER_NAME = "nvhook-prober"
+PROBE_WAIT = 1.0                # s a worker waits for the prober's fingerprint, then takes its own
+PROBE_STUCK = 10.0              # s a probe may take before the prober is replaced
 WORKER_NAME = "nvhook-worker"
 REPORTED = 0x80                 # in a worker's exit status: it sent b"S" itself (hook codes < 128)
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -191,13 +205,25 @@ class DriverCache:
     """discover() with an in-memory layer keyed by snapshot's fingerprint of the host,
     taken fresh on every request (~1 ms): a changed host is never served stale data.
     Workers run it in the front's mount namespace; what they learn comes back to the
-    server (learned()) so the next fork has it."""
+    server (learned()) so the next fork has it.
+
+    And plan() for the Driver discover() returned: the planner is a pure function of the
+    request, that Driver and the container's library dirs, so the server keeps the
+    plans workers asked for, keyed by all of them (~0.5 ms of a 1-GPU start, ~1 ms of
+    8 GPUs). A worker reports only what it asked for; the server makes the plan itself
+    (load_planned), so what a worker reports can never put a plan under another key."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple, Any] = {}
         self.new: list[tuple[tuple, Any]] = []
-        # (inputs, key) of prefetch(): this request's fingerprint, taken a moment early
-        self.ahead: tuple[tuple, tuple] | None = None
+        self.last: tuple | None = None      # the key of the Driver discover() returned last
+        # (driver key, Request, lib_dir, lib32_dir) -> ContainerEdits, made by the server
+        self.plans: dict[tuple, Any] = {}
+        self.planned: list[tuple] = []      # a worker's: the keys it planned afresh
+        self.said = {"fingerprint": "", "plan": ""}     # where the last ones came from (-v)
+        # (inputs, key, fd) of prefetch(): this request's fingerprint, taken a moment early
+        # (key), or to be read from the prober (fd, key None)
+        self.ahead: tuple[tuple, tuple | None, int] | None = None
 
     def discover(self, root: str = "/", *, ldcache: str | None = None,
                  dev_root: str | None = None, nvml_timeout: float = 10.0,
@@ -209,13 +235,15 @@ class DriverCache:
             return D.discover(root, ldcache=ldcache, dev_root=dev_root, nvml_timeout=nvml_timeout,
                               user=user, snapshot=snapshot, snapshot_dir=snapshot_dir, log=log)
 
+        self.last = None
         if not snapshot:        # the config asks for no caching of discovery: none here either
             return fresh()
         ahead, self.ahead = self.ahead, None
         if ahead is not None and ahead[0] == (root, ldcache, dev_root):
-            key = ahead[1]
+            key = ahead[1] or self._probed(ahead[0], ahead[2])
         else:
             key = self.key(root, ldcache, dev_root)
+            self.said["fingerprint"] = "taken here"
         driver = self.entries.get(key)
         if driver is None:
             driver = fresh()
@@ -223,15 +251,85 @@ class DriverCache:
             if self.key(root, ldcache, dev_root) == key:
                 self.remember(key, driver)
                 self.new.append((key, driver))
+        if self.entries.get(key) is driver:
+            self.last = key
         return driver
 
-    def prefetch(self, root: str, ldcache: str | None, dev_root: str | None) -> None:
+    def plan(self, request, driver, *, lib_dir: str, lib32_dir: str):
+        """libinject.plan.planner.plan, remembered for the Driver discover() returned."""
+        from libinject.plan.planner import plan
+
+        key = self.last
+        if key is None or self.entries.get(key) is not driver:
+            self.said["plan"] = "made here"
+            return plan(request, driver, lib_dir=lib_dir, lib32_dir=lib32_dir)
+        memo = (key, request, lib_dir, lib32_dir)
+        edits = self.plans.get(memo)
+        self.said["plan"] = "remembered"
+        if edits is None:
+            edits = plan(request, driver, lib_dir=lib_dir, lib32_dir=lib32_dir)
+            self.planned.append(memo)
+            self.said["plan"] = "made here"
+        return edits
+
+    def dump_planned(self) -> list:
+        """What this worker planned afresh, for the server (load_planned), as JSON values."""
+        from libinject.request.model import to_json
+
+        return [[list(k), to_json(r), lib, lib32] for k, r, lib, lib32 in self.planned]
+
+    def load_planned(self, items: list) -> int:
+        """Make, here, the plans a worker's dump_planned() names, for a Driver we have
+        (its key: discovered here or loaded before, load_new); returns how many."""
+        from libinject.plan.planner import plan
+        from libinject.request.model import from_json
+
+        made = 0
+        for k, r, lib, lib32 in items[:MAX_PLANS]:
+            key = tuple(k)
+            driver = self.entries.get(key)
+            if driver is None or type(lib) is not str or type(lib32) is not str:
+                continue
+            memo = (key, from_json(r), lib, lib32)
+            if memo in self.plans:
+                continue
+            try:
+                self.plans[memo] = plan(memo[1], driver, lib_dir=lib, lib32_dir=lib32)
+            except NvhookError:     # the worker's request fails the same way each time
+                continue
+            made += 1
+            while len(self.plans) > MAX_PLANS:
+                del self.plans[next(iter(self.plans))]
+        return made
+
+    def prefetch(self, root: str, ldcache: str | None, dev_root: str | None, probe: int = -1) -> None:
         """Take key() of these inputs now, for the next discover() with the same ones
         to use (once). A worker calls it between its b"A" and the front's b"G": the
         request's own fingerprint, read while the front answers, before anything is
-        done to the container; a discover() with other inputs takes its own."""
+        done to the container; a discover() with other inputs takes its own.
+        probe: a pipe the prober writes the key of the server's own inputs to, taken
+        after this request came (Server._probe): read by discover() if these are they."""
         self.ahead = None
-        self.ahead = ((root, ldcache, dev_root), self.key(root, ldcache, dev_root))
+        inputs = (root, ldcache, dev_root)
+        self.ahead = (inputs, None, probe) if probe >= 0 else (inputs, self.key(*inputs), -1)
+        self.said["fingerprint"] = "taken here"
+
+    def _probed(self, inputs: tuple, fd: int) -> tuple:
+        """key(*inputs) as the prober wrote it to fd, or taken here (it wrote nothing
+        within PROBE_WAIT, or for other inputs)."""
+        try:
+            ready, _, _ = select.select([fd], [], [], PROBE_WAIT)
+            got = json.loads(os.read(fd, 1 << 16)) if ready else None
+        except (OSError, ValueError):
+            got = None
+        finally:
+            os.close(fd)
+        if (type(got) is list and len(got) == 2 and got[0] == list(inputs) and type(got[1]) is list
+                and len(got[1]) == 5 and all(type(x) is t for x, t in zip(got[1], (str, str, str, bool, str)))):
+            self.said["fingerprint"] = "the prober's"
+            return tuple(got[1])
+        self.said["fingerprint"] = "taken here"
+        return self.key(*inputs)
 
     @staticmethod
     def key(root: str, ldcache: str | None, dev_root: str | None) -> tuple:
@@ -254,6 +352,7 @@ class DriverCache:
             del self.entries[k]
         while len(self.entries) > MAX_CACHED:
             del self.entries[next(iter(self.entries))]
+        self.plans = {m: e for m, e in self.plans.items() if self.entries.get(m[0]) is not None}
 
     def dump_new(self) -> list:
         """What this worker discovered, for the server (load_new), as JSON values."""
@@ -473,6 +572,11 @@ class Server:
         self.jobs: dict[int, _Job] = {}          # by the worker's pidfd
         # The next request's worker, forked ahead of it: (its Child, our end of its socket).
         self.spare: tuple[Child, socket.socket] | None = None
+        # The prober (_Prober): takes each request's fingerprint of the driver root we
+        # warmed (probe_inputs) on another CPU while the worker reads the request.
+        self.prober: tuple[Child, socket.socket] | None = None
+        self.probe_inputs: tuple | None = None
+        self.probing = 0.0              # when the probe in flight was asked for (0: none)
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.sock: socket.socket | None = None
@@ -511,6 +615,7 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self.log(f"listening on {self.path} (pid {os.getpid()})")
+        self._spawn_prober()
         self._spawn_spare()
         if self.notify is not None:     # warm, bound, listening, signals handled: ready
             self.notify.ready(f"serving on {self.path}")
@@ -520,6 +625,7 @@ class Server:
         is served warm."""
         try:
             d = options.discover(self.cache.discover)
+            self.probe_inputs = (options.root, options.ldcache, options.dev_root)
             n = self._remember_libraries(d)
             self.log(f"warm: driver {d.info.driver_version}, {len(d.info.gpus)} GPUs under {d.root}, "
                      f"{n} libraries' ELF facts")
@@ -553,6 +659,8 @@ class Server:
                         pass
                 elif key.data == "spare":
                     self._spare_says(key.fileobj)
+                elif key.data == "prober":
+                    self._prober_says()
                 else:
                     self._finish(self.jobs[key.fd])
             self._expire()
@@ -561,6 +669,7 @@ class Server:
     def close(self) -> None:
         self._close_listener()
         self._drop_spare()
+        self._drop_prober()
         for job in list(self.jobs.values()):
             job.child.reap()
             self._done(job, TIMED_OUT)
@@ -587,9 +696,12 @@ class Server:
 
     # requests
     def _next_timeout(self) -> float | None:
-        if not self.jobs:
+        deadlines = [j.deadline for j in self.jobs.values()]
+        if self.probing:
+            deadlines.append(self.probing + PROBE_STUCK)
+        if not deadlines:
             return None
-        return max(0.0, min(j.deadline for j in self.jobs.values()) - time.monotonic())
+        return max(0.0, min(deadlines) - time.monotonic())
 
     def _accept(self) -> None:
         assert self.sock is not None
@@ -618,13 +730,15 @@ class Server:
             return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
         output = os.memfd_create("nvhook-output", os.MFD_CLOEXEC)
+        probe = self._probe()
         learn = self._learn()
         spare_sock = None
-        handed = self._to_spare(conn, pid, learned, output, learn)
+        handed = self._to_spare(conn, pid, learned, output, probe, learn)
         if handed is not None:
             child, spare_sock = handed
         else:
-            child = self._fork_worker(conn, pid, learned, output, learn)
+            child = self._fork_worker(conn, pid, learned, output, probe, learn)
+        os.close(probe)                     # the worker's now
         if child is None:                   # pragma: no cover - kernels before 5.3
             conn.close()
             os.close(learned)
@@ -657,8 +771,8 @@ class Server:
             return None
 
     def _fork_worker(self, conn: socket.socket, peer: int, learned: int, output: int,
-                     learn: bool = False) -> Child | None:
-        return self._fork(lambda: _Worker(self, conn, peer, learned, output, learn).run())
+                     probe: int, learn: bool = False) -> Child | None:
+        return self._fork(lambda: _Worker(self, conn, peer, learned, output, probe, learn).run())
 
     def _learn(self) -> bool:
         """Should this request's worker report the pages it copied (copied_pages)?"""
@@ -722,7 +836,7 @@ class Server:
             _set_idle(child.pid, False)     # a request's worker: the runtime waits for it
         return child, sock
 
-    def _to_spare(self, conn: socket.socket, peer: int, learned: int, output: int,
+    def _to_spare(self, conn: socket.socket, peer: int, learned: int, output: int, probe: int,
                   learn: bool = False) -> tuple[Child, socket.socket] | None:
         """Hand the request to the spare: (it, our end of its socket pair, to close once
         it is gone: _Job.spare_sock); None: there is none, or it is gone."""
@@ -732,7 +846,7 @@ class Server:
         child, sock = spare
         try:
             sock.sendmsg([struct.pack("ii", peer, learn)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                             struct.pack("3i", conn.fileno(), learned, output))],
+                                                             struct.pack("4i", conn.fileno(), learned, output, probe))],
                           socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
         except OSError as e:
             self.log(f"spare worker {child.pid}: {e.strerror}; forking one for the request")
@@ -749,8 +863,79 @@ class Server:
         sock.close()
         child.close()       # killed and reaped
 
+    # The prober: a fingerprint (DriverCache.key) takes ~1 ms of a worker's CPU, and the
+    # request's must be taken after it came. The prober takes it on another CPU while
+    # the worker reads the request and the container's spec (and is forked, cheaply,
+    # before any request). One probe at a time: while one is in flight, or with no
+    # prober, workers take their own.
+    def _spawn_prober(self) -> None:
+        if self.prober is not None or self.probe_inputs is None or self.stopping:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+
+        def run() -> int:
+            ours.close()
+            return _Prober.run(self, theirs)
+
+        child = self._fork(run)
+        theirs.close()
+        if child is None:                   # pragma: no cover - kernels before 5.3
+            ours.close()
+            return
+        self.prober = (child, ours)
+        self.probing = 0.0
+        ours.setblocking(False)
+        self.sel.register(ours, selectors.EVENT_READ, "prober")
+
+    def _probe(self) -> int:
+        """A pipe's read end for a request's worker: the prober writes the fingerprint of
+        probe_inputs to it, taken now; closed with nothing written where it cannot."""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            if self.prober is not None and not self.probing:
+                msg = json.dumps(self.probe_inputs).encode()
+                try:
+                    self.prober[1].sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", w))],
+                                           socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+                    self.probing = time.monotonic()
+                except OSError as e:
+                    self.log(f"prober {self.prober[0].pid}: {e.strerror}; workers take their own fingerprints")
+                    self._drop_prober()
+        finally:
+            os.close(w)
+        return r
+
+    def _prober_says(self) -> None:
+        if self.prober is None:
+            return
+        try:
+            msg = self.prober[1].recv(16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            msg = b""
+        if msg:
+            self.probing = 0.0
+        else:                               # it died: a new one for the next requests
+            self.log(f"prober {self.prober[0].pid} is gone; starting another")
+            self._drop_prober()
+            self._spawn_prober()
+
+    def _drop_prober(self) -> None:
+        if self.prober is None:
+            return
+        (child, sock), self.prober = self.prober, None
+        self.sel.unregister(sock)
+        sock.close()
+        child.close()       # killed and reaped
+        self.probing = 0.0
+
     def _expire(self) -> None:
         now = time.monotonic()
+        if self.probing and now - self.probing > PROBE_STUCK:     # (a wedged driver's procfs)
+            self.log(f"prober {self.prober[0].pid} took over {PROBE_STUCK:g}s; replaced")  # type: ignore[index]
+            self._drop_prober()
+            self._spawn_prober()
         for job in list(self.jobs.values()):
             if now >= job.deadline and not job.timed_out:
                 self.log(f"request from pid {job.peer}: worker {job.child.pid} timed out after "
@@ -781,6 +966,8 @@ class Server:
                     for d in drivers:
                         self._remember_libraries(d)
                     self._fingerprint_again(report["drivers"][-1][0])
+                if report.get("plans"):
+                    self.cache.load_planned(report["plans"])
                 if report.get("pages"):
                     self._keep_pages(report["pages"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -853,9 +1040,10 @@ class Server:
 
 class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/test_hook_serve.py)
     def __init__(self, server: Server, conn: socket.socket, peer: int, learned: int,
-                 output: int, learn: bool = False) -> None:
+                 output: int, probe: int, learn: bool = False) -> None:
         self.server, self.conn, self.peer = server, conn, peer
         self.learned, self.output = learned, output
+        self.probe = probe          # the prober's fingerprint comes here (Server._probe)
         self.learn = learn          # report the pages we copied (the server asked)
         self.log = server.log
 
@@ -911,7 +1099,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
                 except Exception:  # noqa: BLE001 - only a head start: the request comes all the same
                     pass
         try:
-            data, anc, _flags, _ = sock.recvmsg(8, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
+            data, anc, _flags, _ = sock.recvmsg(8, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC)
         except OSError as e:
             if e.errno != errno.ECONNRESET:     # (the server stopping: its end closed)
                 server.log(f"spare worker {os.getpid()}: {e}")
@@ -921,12 +1109,12 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
         sock.close()
-        if len(data) != 8 or len(fds) != 3:
+        if len(data) != 8 or len(fds) != 4:
             return 0                        # the server closed its end: not needed
         set_name(WORKER_NAME)
         conn = socket.socket(fileno=fds[0])
         peer, learn = struct.unpack("ii", data)
-        return _Worker(server, conn, peer, fds[1], fds[2], bool(learn)).serve()
+        return _Worker(server, conn, peer, fds[1], fds[2], fds[3], bool(learn)).serve()
 
     def run(self) -> int:
         if not self.prepare(self.server):
@@ -961,7 +1149,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         os.dup2(self.output, 2)
         devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         os.dup2(devnull, 0)
-        keep = {0, 1, 2, self.conn.fileno(), self.learned}
+        keep = {0, 1, 2, self.conn.fileno(), self.learned, self.probe}
         if self.server.log_fd is not None:
             keep.add(self.server.log_fd)
         _close_all_but(keep)
@@ -980,7 +1168,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             return 0
         try:
             code = hook.handle(req.stage, state, req.args, cwd=req.cwd,
-                               discover=self.server.cache.discover)
+                               discover=self.server.cache.discover, plan=self.server.cache.plan)
         except BaseException as e:  # noqa: BLE001 - a bug: one line for the runtime
             from libinject.errors import report
 
@@ -1000,6 +1188,10 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         except OSError:
             pass        # the server sends it once we are gone
         self._report(bool(reported))
+        if self.server.verbose:
+            said = self.server.cache.said
+            self.log(f"request from pid {self.peer}: fingerprint {said['fingerprint'] or 'none'}, "
+                     f"plan {said['plan'] or 'none'}")
         late = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings."))
         if late:
             self.log(f"warning: imported after fork (add to service.PRELOAD): {', '.join(late)}")
@@ -1023,17 +1215,23 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             cfg = config_mod.load(args.config, {}, trusted=True)
             opts = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
             if opts.snapshot:
-                self.server.cache.prefetch(opts.root, opts.ldcache, opts.dev_root)
+                probe, self.probe = self.probe, -1      # (DriverCache._probed closes it)
+                if (opts.root, opts.ldcache, opts.dev_root) != self.server.probe_inputs:
+                    os.close(probe)                     # not what the prober takes
+                    probe = -1
+                self.server.cache.prefetch(opts.root, opts.ldcache, opts.dev_root, probe)
         except Exception:  # noqa: BLE001 - handle() meets it again and says so
             self.server.cache.ahead = None
 
     def _report(self, reported: bool) -> None:
         """What the server keeps from this request (it reads it once we are gone): the
-        drivers discovered, and, once the front has its status (reported) and if the
-        server asked (learn), the pages we copied."""
+        drivers discovered, the plans made afresh (DriverCache.plan), and, once the front
+        has its status (reported) and if the server asked (learn), the pages we copied."""
         report: dict[str, list] = {}
         if self.server.cache.new:
             report["drivers"] = self.server.cache.dump_new()
+        if self.server.cache.planned:
+            report["plans"] = self.server.cache.dump_planned()
         if reported and self.learn:
             try:
                 report["pages"] = copied_pages()
@@ -1073,6 +1271,52 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             if not _same_ns(fd, name, ours):
                 return decline(f"the peer is not in our {name} namespace")
         return req
+
+
+class _Prober:  # pragma: no cover - runs in a forked child (covered by tests/test_hook_serve.py)
+    """The server's prober (Server._spawn_prober): for each message [root, ldcache,
+    dev_root] with a pipe's write end, writes [those inputs, DriverCache.key(*them)]
+    to the pipe, closes it and says b"D". Reads only; runs as a worker does (its
+    capabilities, PATH alone), in the server's namespaces, until the server closes
+    its end."""
+
+    @staticmethod
+    def run(server: Server, sock: socket.socket) -> int:
+        if not _Worker.prepare(server):
+            return INTERNAL
+        from libinject.linux.privileges import set_name
+
+        set_name(PROBER_NAME)
+        gc.enable()         # (prepare() turned it off: we live as long as the server)
+        keep = {0, 1, 2, sock.fileno()}
+        if server.log_fd is not None:
+            keep.add(server.log_fd)
+        _close_all_but(keep)
+        while True:
+            try:
+                data, anc, _flags, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+            except OSError:
+                return 0
+            if not data:
+                return 0                    # the server closed its end
+            fds: list[int] = []
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+            try:
+                inputs = json.loads(data)
+                key = DriverCache.key(*inputs)
+                if fds:
+                    os.write(fds[0], json.dumps([inputs, list(key)]).encode())
+            except Exception:  # noqa: BLE001 - the worker takes its own
+                pass
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            try:
+                sock.send(b"D", socket.MSG_NOSIGNAL)
+            except OSError:
+                return 0
 
 
 def _set_idle(pid: int, idle: bool) -> bool:

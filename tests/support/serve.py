@@ -66,21 +66,31 @@ class Serve:
         except FileNotFoundError:
             return []
 
-    def workers(self) -> list[int]:
-        """The server's children but its idle spare worker."""
-        from libinject.runtime.service import SPARE_NAME
-
+    def _named(self, want) -> list[int]:
         out = []
         for pid in self.children():
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() != SPARE_NAME:
+                if want(Path(f"/proc/{pid}/comm").read_text().strip()):
                     out.append(pid)
             except FileNotFoundError:
                 pass
         return out
 
+    def workers(self) -> list[int]:
+        """The server's children but its idle spare worker and its prober."""
+        from libinject.runtime.service import PROBER_NAME, SPARE_NAME
+
+        return self._named(lambda comm: comm not in (SPARE_NAME, PROBER_NAME))
+
     def spares(self) -> list[int]:
-        return [p for p in self.children() if p not in self.workers()]
+        from libinject.runtime.service import SPARE_NAME
+
+        return self._named(lambda comm: comm == SPARE_NAME)
+
+    def probers(self) -> list[int]:
+        from libinject.runtime.service import PROBER_NAME
+
+        return self._named(lambda comm: comm == PROBER_NAME)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
