@@ -730,7 +730,7 @@ class Server:
             return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
         output = os.memfd_create("nvhook-output", os.MFD_CLOEXEC)
-        probe = self._probe()
+        probe, probe_w = os.pipe2(os.O_CLOEXEC)
         learn = self._learn()
         spare_sock = None
         handed = self._to_spare(conn, pid, learned, output, probe, learn)
@@ -739,6 +739,8 @@ class Server:
         else:
             child = self._fork_worker(conn, pid, learned, output, probe, learn)
         os.close(probe)                     # the worker's now
+        # Only now: the prober, woken, may well take this CPU from us a while.
+        self._probe(probe_w)
         if child is None:                   # pragma: no cover - kernels before 5.3
             conn.close()
             os.close(learned)
@@ -887,10 +889,10 @@ class Server:
         ours.setblocking(False)
         self.sel.register(ours, selectors.EVENT_READ, "prober")
 
-    def _probe(self) -> int:
-        """A pipe's read end for a request's worker: the prober writes the fingerprint of
-        probe_inputs to it, taken now; closed with nothing written where it cannot."""
-        r, w = os.pipe2(os.O_CLOEXEC)
+    def _probe(self, w: int) -> None:
+        """Have the prober write the fingerprint of probe_inputs, taken now, to the pipe
+        `w` (closed here), whose read end a request's worker has; where it cannot,
+        nothing is written."""
         try:
             if self.prober is not None and not self.probing:
                 msg = json.dumps(self.probe_inputs).encode()
@@ -903,7 +905,6 @@ class Server:
                     self._drop_prober()
         finally:
             os.close(w)
-        return r
 
     def _prober_says(self) -> None:
         if self.prober is None:
