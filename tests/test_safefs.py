@@ -281,6 +281,35 @@ def test_write_file_replaces_symlink_never_writes_through(rootfs, tmp_path):
     assert not [n for n in os.listdir(rootfs / "etc") if "nvhook" in n]
 
 
+def test_a_replaced_file_is_freed_by_the_next_rootfs_not_before(rootfs):
+    """write_file() keeps the inode it replaced referenced (freeing it is ext4 work a
+    served start need not wait for) until the next RootFS, never longer; rollback puts
+    the old contents back all the same."""
+    (rootfs / "etc/ld.so.cache").write_bytes(b"image cache")
+    old = os.stat(rootfs / "etc/ld.so.cache")
+    r = _rootfs(rootfs)
+    r.write_file("/etc/ld.so.cache", b"merged cache")
+    assert (rootfs / "etc/ld.so.cache").read_bytes() == b"merged cache"
+
+    def held() -> list[str]:
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                st = os.stat(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (old.st_dev, old.st_ino):
+                out.append(fd)
+        return out
+
+    assert len(held()) == 1 and os.stat(f"/proc/self/fd/{held()[0]}").st_nlink == 0
+    r.journal.rollback()
+    assert (rootfs / "etc/ld.so.cache").read_bytes() == b"image cache"
+    r.close()
+    _rootfs(rootfs).close()
+    assert held() == []
+
+
 def test_mount_options_validated():
     from libinject.apply.rootfs import mount_attrs
     assert mount_attrs(("ro", "nosuid", "nodev", "bind"))[0] == (

@@ -60,6 +60,20 @@ JOURNAL_DIR = "/run/nvhook/journal"
 JOURNAL_WAIT = 60.0         # s to wait for another apply on the same rootfs to finish
 
 
+# O_PATH fds of image files our write_file() replaced, kept open until the next RootFS
+# (or our exit): closing the last reference to a replaced inode frees it, ~0.5 ms of ext4
+# work a served start need not wait for (the worker exits after sending its status).
+_replaced: list[int] = []
+
+
+def _release_replaced() -> None:
+    while _replaced:
+        try:
+            os.close(_replaced.pop())
+        except OSError:
+            pass
+
+
 def umount_fd(mnt_fd: int) -> None:
     """Detach the mount whose root mnt_fd refers to (through /proc/self/fd/N of the
     /proc taken by proc_fd(), whatever the namespace's own /proc is)."""
@@ -431,6 +445,7 @@ class RootFS:
         """own_ns: we entered the container's own mount namespace (not the one we
         started in), where the rootfs, /dev and /proc mounts are the container's: a
         shared one among them is made a slave before anything is attached to it."""
+        _release_replaced()
         self.path = os.path.abspath(path)
         try:
             # The rootfs path itself is the runtime's (trusted); what is inside is not.
@@ -836,7 +851,7 @@ class RootFS:
             raise NvhookError(f"cannot write {path} in the rootfs: {os.strerror(e.errno)}") from None
         finally:
             if old_fd is not None:
-                os.close(old_fd)
+                _replaced.append(old_fd)        # (freed later: _replaced)
 
     def _swap_in(self, path: str, parent: int, name: str, tmp: str, st: os.stat_result,
                  old_fd: int | None, old: os.stat_result | None, durable: bool) -> None:
