@@ -469,10 +469,10 @@ def test_spares_copy_ahead_the_pages_requests_write(tmp_path, a100_host, hook_co
     union and the spares forked after copy those pages while they wait, at idle priority,
     so the request they get takes few copy-on-write faults (bench/ab_served.py counts
     them). Seen from outside: a later spare holds that many more private pages than the
-    first one did, and a spare waits under SCHED_IDLE."""
+    first one did, and a spare waits under SCHED_IDLE, from its fork on."""
     server.wait_until(lambda: len(server.spares()) == 1, "a spare worker waiting")
     [first] = server.spares()
-    assert os.sched_getscheduler(first) == os.SCHED_OTHER     # nothing to pre-fault yet
+    assert os.sched_getscheduler(first) == os.SCHED_IDLE       # (nothing to pre-fault yet)
     before = _private_dirty_kib(first)
     for _ in range(3):      # the third request's spare is forked after the first's report
         with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:

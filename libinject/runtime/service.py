@@ -50,10 +50,12 @@ pages it holds copies of (/proc/self/pagemap: present, anonymous, mapped by it a
 the first LEARN_FIRST workers, then one in LEARN_EVERY), the server keeps their union
 (in memory, at most MAX_PREFAULT pages: addresses in its own address space, nothing
 else) and each spare copies those pages while it waits (MADV_POPULATE_WRITE: faulted in
-writable, nothing written), stopping as soon as a request comes. While it does, the
-server has it run SCHED_IDLE (CPU nobody else wants: never at the expense of a start in
-flight), and gives it normal priority back as it hands it a request. Spares and workers
-run with the cyclic GC off (a collection walks, and so copies, the inherited heap; a
+writable, nothing written), stopping as soon as a request comes. From its fork until
+then, the server has it run SCHED_IDLE (CPU nobody else wants: never at the expense of a
+start in flight, nor of the runtime going on with the container after one), and gives it
+normal priority back as it hands it a request; a worker goes back to SCHED_IDLE once its
+status is sent (what is left of it is its report and its exit, unmapping its copy of the
+server's address space). Spares and workers run with the cyclic GC off (a collection walks, and so copies, the inherited heap; a
 worker lives for one request).
 
 The prober and remembered plans: a request's discovery fingerprint (DriverCache.key, ~1
@@ -788,7 +790,8 @@ class Server:
     # hook's path) done before the request comes. It waits on a socket pair for the
     # server to pass it [conn, learned, output], the peer's pid and whether to report
     # its pages, then is a worker; before it waits, it pre-faults what requests write
-    # (saying PREFAULTING first, so the server puts it on idle CPU meanwhile).
+    # (saying PREFAULTING first). It runs on idle CPU from its fork until it gets a
+    # request (the server's to decide: _take_spare), set-up and pre-faulting alike.
     def _spawn_spare(self) -> None:
         if self.spare is not None or self.stopping:
             return
@@ -804,14 +807,17 @@ class Server:
             ours.close()
             return
         self.spare = (child, ours)
-        self._spare_idle = False
+        # Idle CPU only until it has a request: its set-up and pre-faulting never take a
+        # CPU from the worker, the prober or the runtime
+        self._spare_idle = _set_idle(child.pid, True)
         ours.setblocking(False)
         self.sel.register(ours, selectors.EVENT_READ, "spare")
 
     def _spare_says(self, sock) -> None:
-        """The spare is set up and pre-faulting (PREFAULTING): from now on it runs only
-        on CPU nobody else wants, until it gets a request (_to_spare). The server decides
-        both, one after the other, so a request's worker never stays idle."""
+        """The spare is set up and pre-faulting (PREFAULTING): it runs only on CPU
+        nobody else wants (made so at its fork; here if that failed then), until it
+        gets a request (_to_spare). The server decides both, one after the other, so a
+        request's worker never stays idle."""
         if self.spare is None or self.spare[1] is not sock:
             return          # it took a request in this same round of events
         child = self.spare[0]
@@ -1089,7 +1095,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         _close_all_but(keep)
         if server.prefaulting and server.prefault_runs:
             # What requests write, copied before one comes, on idle CPU (the server
-            # makes it so when told, and undoes it when it hands us a request).
+            # made it so, and undoes it when it hands us a request).
             try:
                 sock.send(PREFAULTING, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
             except OSError:     # its end closed: it handed us a request already (or stops)
@@ -1188,6 +1194,9 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             reported = REPORTED
         except OSError:
             pass        # the server sends it once we are gone
+        # What is left of us (the report, our exit: unmapping a copy of the server's
+        # address space) runs on CPU the runtime, now going on with the container, does not want.
+        _set_idle(0, True)
         self._report(bool(reported))
         if self.server.verbose:
             said = self.server.cache.said
