@@ -432,7 +432,7 @@ def test_a_cache_naming_too_many_directories_is_not_merged():
     n = m.MAX_DIRS + 1
     fake = SimpleNamespace(paths=[b"/d%d/libx.so.1" % i for i in range(n)], hwcap=[0] * n)
     with pytest.raises(m.Unsupported, match=f"names {n} directories"):
-        m._ranks(None, fake, [], [])
+        m._ranks(None, m._bases(fake), [])
 
 
 # -- the host libraries' ELF facts, remembered (nvhook serve) ----------------------------
@@ -537,3 +537,89 @@ def test_merge_uses_remembered_facts(tmp_path, plans, a100_host, facts, no_leake
     c = make_image(tmp_path / "poisoned", "debian")
     got = apply(c, edits, MERGE)
     assert got["error"] is None and b"libpoisoned.so.1" in got["cache"] and soname == b"libcuda.so.1"
+
+
+# -- merges made once, in a service ----------------------------------------------------------
+def _apply_reporting(rootfs, edits):
+    """apply() as a served worker does it: the result and what it would report."""
+    from libinject.apply import ldcache_merge as M
+    from support.ldcache_env import _apply
+
+    return _apply(rootfs, edits, MERGE, 1, None), M.learned()
+
+
+@pytest.fixture
+def merge_memory():
+    from libinject.apply import ldcache_merge as M
+
+    M._KNOWN.clear()
+    M._MERGED.clear()
+    M._learn = None
+    yield M
+    M._KNOWN.clear()
+    M._MERGED.clear()
+    M._learn = None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_merge_the_service_made_again_is_the_same_file(tmp_path, plans, layout, merge_memory):
+    """`nvhook serve` keeps the merges its workers made: a worker reports the inputs
+    (learned()), the server makes the merge again itself (learn()), and a later worker
+    with the same image and request takes the file from there (reporting nothing): the
+    same cache and links as a merge made afresh (and as ldconfig), in every layout."""
+    import json
+
+    from support.applyenv import in_ns
+
+    M = merge_memory
+    edits = _edits(plans, layout, "all")
+    first, second = _twins(tmp_path, layout)
+    ref = tmp_path / "ref"
+    shutil.copytree(first, ref, symlinks=True)
+    fresh, report = in_ns(_apply_reporting, first, edits)
+    assert (fresh["error"], fresh["fallback"]) == (None, None) and report is not None
+    assert M.learn(json.loads(json.dumps(report)))          # (as the server reads it)
+    again, report2 = in_ns(_apply_reporting, second, edits)
+    assert report2 is None                                   # from memory
+    assert (again["error"], again["fallback"], again["cache"], again["links"]) == \
+        (None, None, fresh["cache"], fresh["links"])
+    if layout != "compat":      # (kept compat; the host's ldconfig writes new-only: above)
+        ran = apply(ref, edits, LDCONFIG_ONLY)
+        assert (ran["cache"], ran["links"]) == (fresh["cache"], fresh["links"])
+
+
+def test_a_report_names_a_merge_never_chooses_it(tmp_path, plans, merge_memory):
+    """What a worker reports is only data to the server: malformed reports, an image
+    that is not a sorted cache, ranks or entries out of range are refused and keep
+    nothing; a tampered report (another path for one of our entries) is kept under its
+    own inputs, so an honest worker's merge does not find it and is made afresh, the
+    same as before."""
+    import base64
+    import json
+
+    from support.applyenv import in_ns
+
+    M = merge_memory
+    edits = _edits(plans, "debian", "default")
+    a, b = _twins(tmp_path, "debian")
+    fresh, report = in_ns(_apply_reporting, a, edits)
+    report = json.loads(json.dumps(report))
+    nf = len(report["folders"])
+    bad = [None, [], {}, {**report, "image": "!!"}, {**report, "ranks": report["ranks"][:-1]},
+           {**report, "ranks": [nf + 1] * len(report["ranks"])},
+           {**report, "new": [[*report["new"][0][:5], nf]]}, {**report, "new": [["x", "y", 1, 0, 0]]},
+           {**report, "folders": [1]},
+           {**report, "image": base64.b64encode(b"glibc-ld.so.cache1.1 but not a cache").decode()}]
+    unsorted = M.parse(base64.b64decode(report["image"]))
+    if len(unsorted.names) > 1:
+        unsorted.names.reverse()
+        bad.append({**report, "image": base64.b64encode(M.build(unsorted)).decode()})
+    for r in bad:
+        assert M.learn(r) is False, r
+    assert M._KNOWN == {} and M._MERGED == {}
+    tampered = json.loads(json.dumps(report))
+    tampered["new"][0][1] = "/etc/shadow"
+    assert M.learn(tampered)
+    again, report2 = in_ns(_apply_reporting, b, edits)
+    assert report2 is not None and again["cache"] == fresh["cache"]
+    assert b"/etc/shadow" not in again["cache"]

@@ -626,7 +626,10 @@ def merge(root: RootFS, folders: Sequence[str], libraries: Iterable[tuple[str, i
     if other:
         raise Unsupported(f"{other[0]} was mounted into a folder (CUDA forward compat?)")
 
-    c = parse(_read_cache(root))
+    image = _read_cache(root)
+    digest = _digest(image)
+    known = _KNOWN.get(digest)
+    c = parse(image) if known is None else None
     dfds: list[int] = []
     try:
         for f in folders:
@@ -634,7 +637,7 @@ def merge(root: RootFS, folders: Sequence[str], libraries: Iterable[tuple[str, i
                 dfds.append(root.resolve(f, os.O_PATH | os.O_DIRECTORY))
             except (OSError, NvhookError):
                 raise Unsupported(f"folder {f} does not resolve to a directory") from None
-        data, make_links = _merge(root, c, folders, dfds, mounted, links)
+        data, make_links = _merge(root, image, digest, c, folders, dfds, mounted, links)
     finally:
         for fd in dfds:
             os.close(fd)
@@ -643,18 +646,22 @@ def merge(root: RootFS, folders: Sequence[str], libraries: Iterable[tuple[str, i
     root.write_file(CACHE, data, 0o644)
 
 
-def _merge(root: RootFS, c: Cache, folders: list[str], dfds: list[int],
-           mounted: list[list[tuple[str, int]]], links: Iterable[SymlinkEdit]
+def _merge(root: RootFS, image: bytes, digest: bytes, c: Cache | None, folders: list[str],
+           dfds: list[int], mounted: list[list[tuple[str, int]]], links: Iterable[SymlinkEdit]
            ) -> tuple[bytes, list[tuple[str, str]]]:
-    """merge() once the folders are open: the new cache file, and the links to make."""
+    """merge() once the folders are open: the new cache file, and the links to make.
+    c: the image's cache parsed (None: a cache _KNOWN, not parsed unless needed)."""
+    global _learn
     nf = len(folders)
     ids = [(st.st_dev, st.st_ino) for st in map(os.fstat, dfds)]
     if len(set(ids)) != nf:
         raise Unsupported("two folders are one directory")
     fpaths = [os.fsencode(f.rstrip("/") or "/") for f in folders]
-    ranks, represented = _ranks(root, c, ids, fpaths)
+    bases = _KNOWN[digest] if c is None else _bases(c)
+    ranks, represented = _ranks(root, bases, ids)
     keys = _Keys()
-    _check_sorted(c, keys)
+    if c is not None:
+        _check_sorted(c, keys)
 
     # Ours, per folder, as ldconfig's search_dir sees them: the files we mounted and
     # the planned links to them.
@@ -672,6 +679,29 @@ def _merge(root: RootFS, c: Cache, folders: list[str], dfds: list[int],
         if r not in represented:
             _only_ours(root, folders[r], ours)
 
+    # The rest is a function of the image's cache and what was found here (its folders'
+    # ranks, our entries): made once per image and request in a service (_KNOWN).
+    key = (digest, tuple(fpaths), tuple(ranks), tuple(new))
+    data = _MERGED.get(key)
+    if data is None:
+        data = _combine(c if c is not None else parse(image), fpaths, bases, ranks, new, keys)
+        _learn = (image, key) if len(image) <= MAX_LEARN else None
+    return data, make_links
+
+
+def _combine(c: Cache, fpaths: list[bytes], bases: Sequence[bytes], ranks: list[int],
+             new: list[tuple], keys: _Keys) -> bytes:
+    """The merged cache file: c's entries, those of our folders under the folders'
+    names (ranks: each entry's folder, len(fpaths) for none; bases: its directory), our
+    entries (new) inserted, replacing the image's of the same SONAME and folder.
+    Changes c."""
+    nf = len(fpaths)
+    paths = c.paths
+    for i, (b, r) in enumerate(zip(bases, ranks)):
+        if r < nf and fpaths[r] != b:   # ldconfig records it under the name met first
+            paths[i] = fpaths[r] + paths[i][len(b):]
+    represented = any(r < nf for r in ranks)
+
     # Drop the image's entries ours replace (one per SONAME and directory); among equal
     # entries, those from our folders first (ldconfig scans them first); insert ours.
     mine = {(x[5], x[0]) for x in new}
@@ -686,35 +716,113 @@ def _merge(root: RootFS, c: Cache, folders: list[str], dfds: list[int],
         _scan_order(c, ranks)
     for x in new:
         _insert(c, ranks, x, keys)
-    return build(c), make_links
+    return build(c)
 
 
-def _ranks(root: RootFS, c: Cache, ids: list, fpaths: list[bytes]) -> tuple[list[int], set[int]]:
-    """For each of the image's entries, which of our folders (by inode, as ldconfig
-    tells directories apart) its directory is: 0.., or len(ids) for none. An entry of
-    one of our folders is renamed to the folder's path (ldconfig records it under the
-    name it meets first: the command line's). Returns (ranks, the folders met)."""
-    nf = len(ids)
-    rank_of = {i: r for r, i in enumerate(ids)}
+def _bases(c: Cache) -> list[bytes]:
+    """Each entry's directory (of a glibc-hwcaps entry: the one holding glibc-hwcaps;
+    b"?" if its path is not such)."""
     bases = [p.rpartition(b"/")[0] for p in c.paths]
     for i, hw in enumerate(c.hwcap):
         if hw:      # <dir>/glibc-hwcaps/<subdirectory>/<file>
             parts = c.paths[i].rsplit(b"/", 3)
             bases[i] = parts[0] if len(parts) == 4 and parts[1] == b"glibc-hwcaps" else b"?"
+    return bases
+
+
+def _ranks(root: RootFS, bases: Sequence[bytes], ids: list) -> tuple[list[int], set[int]]:
+    """For each of the image's entries (bases: its directory), which of our folders
+    (by inode, as ldconfig tells directories apart) its directory is: 0.., or len(ids)
+    for none. Returns (ranks, the folders met)."""
+    nf = len(ids)
+    rank_of = {i: r for r, i in enumerate(ids)}
     distinct = set(bases)
     if len(distinct) > MAX_DIRS:    # one openat2 each: a hostile cache must not cost seconds
         raise Unsupported(f"the cache names {len(distinct)} directories")
     rank: dict[bytes, int] = {}
     for b in distinct:
         rank[b] = rank_of.get(_ident(root, os.fsdecode(b or b"/")), nf) if b[:1] in (b"/", b"") else nf
-    ranks = [rank[b] for b in bases]
-    moved = {b: fpaths[r] for b, r in rank.items() if r < nf and fpaths[r] != b}
-    if moved:
-        paths = c.paths
-        for i, b in enumerate(bases):
-            if b in moved:
-                paths[i] = moved[b] + paths[i][len(b):]
-    return ranks, {r for r in rank.values() if r < nf}
+    return [rank[b] for b in bases], {r for r in rank.values() if r < nf}
+
+
+# -- merges made once, in a service --------------------------------------------------------
+# What a merge costs beyond reading the rootfs (parsing, checking the order, inserting,
+# rebuilding the string table: ~3 ms warm for an image cache of 600 entries) depends on
+# the image's cache and what was found in the rootfs alone. `nvhook serve` keeps, for
+# its workers, the image caches it knows (digest -> each entry's directory: a cache
+# parsed and found sorted) and the merges made (key -> the new file). A worker reports
+# what it merged afresh (learned()); the server makes it again itself from those inputs
+# (learn()), so a report can name a merge, never choose its result.
+_KNOWN: dict[bytes, tuple[bytes, ...]] = {}
+_MERGED: dict[tuple, bytes] = {}
+_learn: tuple[bytes, tuple] | None = None       # this process's merge made afresh
+MAX_LEARN = 1 << 20         # image caches larger than this are not reported
+MAX_KNOWN = 16
+MAX_MERGED = 64
+
+
+def _digest(data: bytes) -> bytes:
+    try:
+        from _blake2 import blake2b     # hashlib would load OpenSSL first (~2 ms)
+    except ImportError:  # pragma: no cover
+        from hashlib import blake2b
+    return blake2b(data, digest_size=20).digest()
+
+
+def learned() -> dict | None:
+    """The merge this process made afresh (its inputs, as JSON values), or None."""
+    if _learn is None:
+        return None
+    import binascii
+
+    image, (_, fpaths, ranks, new) = _learn
+    return {"image": binascii.b2a_base64(image, newline=False).decode(),
+            "folders": [p.decode("latin-1") for p in fpaths], "ranks": list(ranks),
+            "new": [[so.decode("latin-1"), path.decode("latin-1"), fl, osv, hw, r]
+                    for so, path, fl, osv, hw, r in new]}
+
+
+def learn(report: object) -> bool:
+    """Make, here, the merge a worker's learned() names, and keep it (and the image's
+    cache as known) for the workers forked from now on. False: not a merge (malformed,
+    or not one merge() makes: its inputs are only data here)."""
+    import binascii
+
+    try:
+        if type(report) is not dict:
+            return False
+        image = binascii.a2b_base64(report["image"])
+        folders, ranks, new = report["folders"], report["ranks"], report["new"]
+        if not (type(folders) is list and type(ranks) is list and type(new) is list
+                and all(type(f) is str for f in folders) and all(type(r) is int for r in ranks)):
+            return False
+        fpaths = [f.encode("latin-1") for f in folders]
+        nf = len(fpaths)
+        entries = []
+        for x in new:
+            if not (type(x) is list and len(x) == 6 and type(x[0]) is str and type(x[1]) is str
+                    and all(type(v) is int for v in x[2:]) and 0 <= x[5] < nf):
+                return False
+            entries.append((x[0].encode("latin-1"), x[1].encode("latin-1"), *x[2:]))
+        c = parse(image)
+        keys = _Keys()
+        _check_sorted(c, keys)
+        bases = _bases(c)
+        if len(ranks) != len(bases) or not all(0 <= r <= nf for r in ranks):
+            return False
+        digest = _digest(image)
+        key = (digest, tuple(fpaths), tuple(ranks), tuple(entries))
+        if key not in _MERGED:
+            _MERGED[key] = _combine(c, fpaths, bases, list(ranks), entries, keys)
+    except (Unsupported, KeyError, TypeError, ValueError, binascii.Error):
+        return False
+    _KNOWN.pop(digest, None)
+    _KNOWN[digest] = tuple(bases)
+    while len(_KNOWN) > MAX_KNOWN:
+        del _KNOWN[next(iter(_KNOWN))]
+    while len(_MERGED) > MAX_MERGED:
+        del _MERGED[next(iter(_MERGED))]
+    return True
 
 
 def _scan(f: str, fpath: bytes, r: int, files: list[tuple[str, int]], links: dict[str, str],

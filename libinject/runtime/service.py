@@ -66,7 +66,9 @@ to a pipe the worker reads when it needs it, after reading the request and the
 container's spec; a worker whose prober is busy, slow (PROBE_WAIT) or gone, or whose
 request names another root, takes its own. Plans are a pure function of the request,
 the Driver and the container's library dirs: the server keeps those its workers made
-(DriverCache.plan), making each again itself from what the worker reports.
+(DriverCache.plan), making each again itself from what the worker reports; likewise the
+ld.so.cache merges (libinject.apply.ldcache_merge: the image's cache and what a worker
+found in the rootfs).
 """
 from __future__ import annotations
 
@@ -975,6 +977,10 @@ class Server:
                     self._fingerprint_again(report["drivers"][-1][0])
                 if report.get("plans"):
                     self.cache.load_planned(report["plans"])
+                if report.get("ldcache"):
+                    from libinject.apply import ldcache_merge
+
+                    ldcache_merge.learn(report["ldcache"])
                 if report.get("pages"):
                     self._keep_pages(report["pages"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -1235,13 +1241,19 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
 
     def _report(self, reported: bool) -> None:
         """What the server keeps from this request (it reads it once we are gone): the
-        drivers discovered, the plans made afresh (DriverCache.plan), and, once the front
-        has its status (reported) and if the server asked (learn), the pages we copied."""
+        drivers discovered, the plans and the ld.so.cache merge made afresh
+        (DriverCache.plan, ldcache_merge.learned), and, once the front has its status
+        (reported) and if the server asked (learn), the pages we copied."""
         report: dict[str, list] = {}
         if self.server.cache.new:
             report["drivers"] = self.server.cache.dump_new()
         if self.server.cache.planned:
             report["plans"] = self.server.cache.dump_planned()
+        from libinject.apply import ldcache_merge
+
+        merged = ldcache_merge.learned()
+        if merged:
+            report["ldcache"] = merged
         if reported and self.learn:
             try:
                 report["pages"] = copied_pages()
