@@ -416,6 +416,118 @@ def test_without_its_prober_a_worker_takes_its_own_fingerprint(tmp_path, fresh_s
         assert s.stop() == 0
 
 
+def test_a_prober_lost_with_a_request_waiting_is_replaced(tmp_path, fresh_sim_host, sockdir):
+    """The prober dies while a connection waits (the server stopped meanwhile), so the
+    server meets the request before the prober's end: its probe cannot be sent. The
+    request is served (its worker takes its own fingerprint) and a new prober takes
+    the next requests' fingerprints."""
+    host = fresh_sim_host("a100x8")
+    cfg = _snapshot_config(tmp_path, host)
+    s = Serve(cfg, sockdir / "hook.sock")
+    try:
+        s.wait_until(lambda: len(s.probers()) == 1 and len(s.spares()) == 1, "a prober and a spare")
+        [prober] = s.probers()
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        result = {}
+
+        def start() -> None:
+            with _runc(tmp_path / "a", cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+                result["r"] = c.run()
+        (tmp_path / "a").mkdir()
+        t = threading.Thread(target=start)
+        t.start()
+        time.sleep(1.0)                     # the front has connected and waits for b"H"
+        os.kill(prober, signal.SIGKILL)
+        time.sleep(0.2)
+        os.kill(s.proc.pid, signal.SIGCONT)
+        t.join(60)
+        assert result["r"].returncode == 0 and s.statuses(1) == [0], s.log()
+        assert f"prober {prober}: " in s.log()
+        s.wait_until(lambda: len(s.probers()) == 1 and s.probers() != [prober], "a new prober")
+        with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+            assert c.run().returncode == 0
+        assert s.statuses(2) == [0, 0] and _said(s)[-1][0] == "the prober's", s.log()
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_worker_report_never_puts_its_driver_in_the_cache(fresh_sim_host, tmp_path):
+    """A worker that discovered anew reports what for; the server rediscovers that
+    itself, for the driver root it warmed only, and only when its own fingerprint says
+    the host changed. A Driver in the report (the format before: a compromised worker
+    could name /etc/shadow as a library) is never taken."""
+    from libinject.discover.options import DiscoverOptions
+    from libinject.record import asdict, replace
+    from libinject.runtime.service import Server
+
+    host = fresh_sim_host("a100x8")
+    opts = DiscoverOptions(root=str(host), snapshot=True, snapshot_dir=str(tmp_path / "snap"))
+    server = Server(str(tmp_path / "s.sock"))
+    server.warm(opts)
+    [(key, d)] = server.cache.entries.items()
+    forged = asdict(replace(d, libraries=tuple(replace(lib, path="/etc/shadow") for lib in d.libraries)))
+    forged_key = [*key[:4], "f" * 48]
+    for report in ({"drivers": [[forged_key, forged]]}, {"drivers": [forged_key]},
+                   {"drivers": [["/elsewhere", "/elsewhere", "/elsewhere/etc/ld.so.cache", False, "0"]]},
+                   {"drivers": "x"}):
+        server._learn_from(report, 1)
+        assert server.cache.entries == {key: d}     # the host did not change: nothing to do
+    os.unlink(host / "dev/nvidia7")                 # it does now
+    server._learn_from({"drivers": [forged_key]}, 2)    # (what a worker reports: keys)
+    [(key2, d2)] = server.cache.entries.items()
+    assert key2 != key and len(d2.info.gpus) == 7
+    assert all(lib.path.startswith(str(host) + "/") for lib in d2.libraries)
+
+
+def test_a_huge_request_does_not_hold_the_server(tmp_path, fresh_sim_host, sockdir):
+    """A hostile spec (half a megabyte of NVIDIA_REQUIRE_*, every GPU) costs its own
+    worker seconds of planning; the server must not make that plan again in its loop
+    (it did: the next container then waited for it, or fell back to exec): the next
+    container is served at once."""
+    host = fresh_sim_host("a100x8")
+    cfg = _snapshot_config(tmp_path, host)
+    s = Serve(cfg, sockdir / "hook.sock")
+    try:
+        hostile = ["NVIDIA_VISIBLE_DEVICES=all"] + [
+            f"NVIDIA_REQUIRE_X{i}=" + ",".join(["cuda>=1.0"] * 12000) for i in range(4)]
+        (tmp_path / "hostile").mkdir()
+        with _runc(tmp_path / "hostile", cfg, s.sock, hostile, "true") as c:
+            assert c.run().returncode == 0
+        t = time.monotonic()
+        with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "true") as c:
+            assert c.run().returncode == 0
+        assert time.monotonic() - t < 1.0
+        assert s.statuses(2) == [0, 0], s.log()
+    finally:
+        assert s.stop() == 0
+
+
+def test_the_server_remembers_only_small_requests_plans(fresh_sim_host):
+    """A plan is made again by the server for requests of a real size only (a hostile
+    spec's megabyte of NVIDIA_REQUIRE_* would cost the server seconds, in its loop); a
+    report names at most PLANS_PER_REPORT."""
+    from libinject.request.model import Request
+    from libinject.runtime.service import MAX_PLANNED_REQUEST, DriverCache
+
+    host = str(fresh_sim_host("a100x8"))
+    worker = DriverCache()
+    d = worker.discover(host, snapshot=True, snapshot_dir=host + "/../snaps")
+    lib, lib32 = "/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"
+    big = Request(devices="0", requirements=tuple(f"cuda>=1.{i}" for i in range(MAX_PLANNED_REQUEST // 4)))
+    small = [Request(devices=str(i)) for i in range(6)]
+    for r in (big, *small):
+        worker.plan(r, d, lib_dir=lib, lib32_dir=lib32)
+    report = worker.dump_planned()
+    assert [item[1]["devices"] for item in report] == ["0", "1", "2", "3"]    # big left out
+    server = DriverCache()
+    server.entries = dict(worker.entries)
+    from libinject.request.model import to_json
+
+    [k] = worker.entries
+    assert server.load_planned([[list(k), to_json(big), lib, lib32]]) == 0
+    assert server.load_planned(report) == 4 and big not in {m[1] for m in server.plans}
+
+
 def test_plans_are_remembered_per_request(tmp_path, fresh_sim_host, sockdir, gpu_uuids):
     """The server keeps each plan a worker made (it makes it again itself) for workers
     forked after: GPU 1, GPU 0, then both again from memory, each container with its

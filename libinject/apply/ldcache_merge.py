@@ -756,7 +756,7 @@ def _ranks(root: RootFS, bases: Sequence[bytes], ids: list) -> tuple[list[int], 
 _KNOWN: dict[bytes, tuple[bytes, ...]] = {}
 _MERGED: dict[tuple, bytes] = {}
 _learn: tuple[bytes, tuple] | None = None       # this process's merge made afresh
-MAX_LEARN = 1 << 20         # image caches larger than this are not reported
+MAX_LEARN = 128 << 10       # image caches larger than this are not reported (real: < 100 KiB)
 MAX_KNOWN = 16
 MAX_MERGED = 64
 
@@ -804,14 +804,18 @@ def learn(report: object) -> bool:
                     and all(type(v) is int for v in x[2:]) and 0 <= x[5] < nf):
                 return False
             entries.append((x[0].encode("latin-1"), x[1].encode("latin-1"), *x[2:]))
+        if len(image) > MAX_LEARN:
+            return False
+        digest = _digest(image)
+        key = (digest, tuple(fpaths), tuple(ranks), tuple(entries))
+        if key in _MERGED and digest in _KNOWN:
+            return True
         c = parse(image)
         keys = _Keys()
         _check_sorted(c, keys)
         bases = _bases(c)
         if len(ranks) != len(bases) or not all(0 <= r <= nf for r in ranks):
             return False
-        digest = _digest(image)
-        key = (digest, tuple(fpaths), tuple(ranks), tuple(entries))
         if key not in _MERGED:
             _MERGED[key] = _combine(c, fpaths, bases, list(ranks), entries, keys)
     except (Unsupported, KeyError, TypeError, ValueError, binascii.Error):

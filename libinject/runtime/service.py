@@ -112,6 +112,10 @@ TIMED_OUT = -2                  # the worker ran past serve-timeout and was kill
 MAX_JOBS = 64                   # beyond this, connections are closed: the front falls back
 MAX_CACHED = 8                  # driver roots remembered
 MAX_PLANS = 64                  # plans remembered (per request, driver and library dirs)
+PLANS_PER_REPORT = 4            # a worker plans once; what a report names beyond is ignored
+MAX_PLANNED_REQUEST = 4096      # characters of a request whose plan is remembered (real: ~300)
+MAX_REPORT = 4 << 20            # bytes of a worker's report read (an ld.so.cache in base64, pages)
+PROBER_BACKOFF = 60.0           # s without a prober after one was stuck (a wedged driver)
 RECV_TIMEOUT = 5.0              # the front sends its request right after connect()
 INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
@@ -277,19 +281,23 @@ class DriverCache:
         return edits
 
     def dump_planned(self) -> list:
-        """What this worker planned afresh, for the server (load_planned), as JSON values."""
+        """What this worker planned afresh, for the server (load_planned), as JSON values
+        (requests too large to be remembered left out)."""
         from libinject.request.model import to_json
 
-        return [[list(k), to_json(r), lib, lib32] for k, r, lib, lib32 in self.planned]
+        out = [[list(k), to_json(r), lib, lib32] for k, r, lib, lib32 in self.planned]
+        return [item for item in out if _small(item[1], MAX_PLANNED_REQUEST)][:PLANS_PER_REPORT]
 
     def load_planned(self, items: list) -> int:
         """Make, here, the plans a worker's dump_planned() names, for a Driver we have
-        (its key: discovered here or loaded before, load_new); returns how many."""
+        (its key: discovered here: warm, Server._rediscover); returns how many."""
         from libinject.plan.planner import plan
         from libinject.request.model import from_json
 
         made = 0
         for k, r, lib, lib32 in items[:MAX_PLANS]:
+            if not _small(r, MAX_PLANNED_REQUEST):
+                continue
             key = tuple(k)
             driver = self.entries.get(key)
             if driver is None or type(lib) is not str or type(lib32) is not str:
@@ -359,20 +367,24 @@ class DriverCache:
         self.plans = {m: e for m, e in self.plans.items() if self.entries.get(m[0]) is not None}
 
     def dump_new(self) -> list:
-        """What this worker discovered, for the server (load_new), as JSON values."""
-        from libinject.record import asdict
+        """The keys of what this worker discovered, for the server (Server._rediscover)."""
+        return [list(k) for k, _ in self.new]
 
-        return [[list(k), asdict(d)] for k, d in self.new]
 
-    def load_new(self, items: list) -> list:
-        """A worker's dump_new(), remembered; returns the Drivers."""
-        from libinject.discover.snapshot import driver_from_dict
-
-        drivers = []
-        for k, d in items:
-            drivers.append(driver_from_dict(d))
-            self.remember(tuple(k), drivers[-1])
-        return drivers
+def _small(request: object, limit: int) -> bool:
+    """Is this request.model.to_json() value at most `limit` characters of strings (its
+    plan is then cheap to make again: real ones are a few hundred)?"""
+    if type(request) is not dict:
+        return False
+    total = 0
+    for v in request.values():
+        if type(v) is str:
+            total += len(v)
+        elif type(v) is list:
+            total += sum(len(x) if type(x) is str else 1 for x in v[:limit + 1]) + len(v)
+        if total > limit:
+            return False
+    return True
 
 
 # -- pre-faulting spares ---------------------------------------------------------------------
@@ -581,6 +593,9 @@ class Server:
         self.prober: tuple[Child, socket.socket] | None = None
         self.probe_inputs: tuple | None = None
         self.probing = 0.0              # when the probe in flight was asked for (0: none)
+        self.prober_off_until = 0.0     # after a stuck prober: none until then
+        self.dying: list[Child] = []    # killed, not yet reaped (stuck in the kernel)
+        self.warm_options = None        # DiscoverOptions warmed (the only ones we rediscover)
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.sock: socket.socket | None = None
@@ -627,9 +642,10 @@ class Server:
     def warm(self, options) -> None:
         """Discover once in our own namespace (DiscoverOptions), so the first container
         is served warm."""
+        self.warm_options = options
+        self.probe_inputs = (options.root, options.ldcache, options.dev_root)
         try:
             d = options.discover(self.cache.discover)
-            self.probe_inputs = (options.root, options.ldcache, options.dev_root)
             n = self._remember_libraries(d)
             self.log(f"warm: driver {d.info.driver_version}, {len(d.info.gpus)} GPUs under {d.root}, "
                      f"{n} libraries' ELF facts")
@@ -674,6 +690,9 @@ class Server:
         self._close_listener()
         self._drop_spare()
         self._drop_prober()
+        for child in self.dying:
+            child.close()       # (waits KILL_GRACE at most: we are stopping)
+        self.dying.clear()
         for job in list(self.jobs.values()):
             job.child.reap()
             self._done(job, TIMED_OUT)
@@ -879,7 +898,8 @@ class Server:
     # before any request). One probe at a time: while one is in flight, or with no
     # prober, workers take their own.
     def _spawn_prober(self) -> None:
-        if self.prober is not None or self.probe_inputs is None or self.stopping:
+        if (self.prober is not None or self.probe_inputs is None or self.stopping
+                or time.monotonic() < self.prober_off_until):
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
 
@@ -909,10 +929,12 @@ class Server:
                                            socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
                     self.probing = time.monotonic()
                 except OSError as e:
-                    self.log(f"prober {self.prober[0].pid}: {e.strerror}; workers take their own fingerprints")
+                    self.log(f"prober {self.prober[0].pid}: {e.strerror}; starting another")
                     self._drop_prober()
         finally:
             os.close(w)
+        if self.prober is None:
+            self._spawn_prober()            # (for the next requests)
 
     def _prober_says(self) -> None:
         if self.prober is None:
@@ -931,20 +953,34 @@ class Server:
             self._spawn_prober()
 
     def _drop_prober(self) -> None:
+        """Kill the prober; reaped later (_reap_dying), never waited for here: a prober
+        stuck in a wedged driver's procfs read may not die at once."""
         if self.prober is None:
             return
         (child, sock), self.prober = self.prober, None
         self.sel.unregister(sock)
         sock.close()
-        child.close()       # killed and reaped
+        child.kill()
+        self.dying.append(child)
+        self._reap_dying()
         self.probing = 0.0
+
+    def _reap_dying(self) -> None:
+        for child in list(self.dying):
+            if child.wait(0) is not None:
+                os.close(child.pidfd)
+                child.pidfd = -1
+                self.dying.remove(child)
 
     def _expire(self) -> None:
         now = time.monotonic()
         if self.probing and now - self.probing > PROBE_STUCK:     # (a wedged driver's procfs)
-            self.log(f"prober {self.prober[0].pid} took over {PROBE_STUCK:g}s; replaced")  # type: ignore[index]
+            self.log(f"prober {self.prober[0].pid} took over {PROBE_STUCK:g}s; "  # type: ignore[index]
+                     f"workers take their own fingerprints for {PROBER_BACKOFF:g}s")
             self._drop_prober()
-            self._spawn_prober()
+            self.prober_off_until = now + PROBER_BACKOFF
+        if self.dying:
+            self._reap_dying()
         for job in list(self.jobs.values()):
             if now >= job.deadline and not job.timed_out:
                 self.log(f"request from pid {job.peer}: worker {job.child.pid} timed out after "
@@ -968,40 +1004,54 @@ class Server:
                 code &= ~REPORTED
             try:
                 size = os.fstat(job.learned).st_size
-                report = json.loads(os.pread(job.learned, size, 0)) if size else {}
-                if report.get("drivers"):
-                    drivers = self.cache.load_new(report["drivers"])
-                    self.log(f"learned {len(drivers)} driver(s) from worker {job.child.pid}")
-                    for d in drivers:
-                        self._remember_libraries(d)
-                    self._fingerprint_again(report["drivers"][-1][0])
-                if report.get("plans"):
-                    self.cache.load_planned(report["plans"])
-                if report.get("ldcache"):
-                    from libinject.apply import ldcache_merge
-
-                    ldcache_merge.learn(report["ldcache"])
-                if report.get("pages"):
-                    self._keep_pages(report["pages"])
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                if size > MAX_REPORT:
+                    raise ValueError(f"{size} bytes")
+                self._learn_from(json.loads(os.pread(job.learned, size, 0)) if size else {},
+                                 job.child.pid)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
 
-    @staticmethod
-    def _fingerprint_again(key: list) -> None:
-        """A worker discovered anew (the host changed): take the fingerprint of that
-        driver root here too, for snapshot.probe() to remember in the workers we fork
-        from now on (they start from the server's last one; else each would hash the
-        changed host afresh). What the host is now, read here: never a worker's."""
-        from libinject.discover import driver as D
-        from libinject.discover import snapshot as S
+    def _learn_from(self, report: dict, worker: int) -> None:
+        """What a worker reported (_Worker._report), taken as data only: what is kept is
+        made here (discovery, plans, merges), from inputs the report names, at a cost
+        the report cannot raise far (PLANS_PER_REPORT, MAX_PLANNED_REQUEST,
+        ldcache_merge.MAX_LEARN)."""
+        if report.get("drivers"):
+            self._rediscover(report["drivers"], worker)
+        if report.get("plans"):
+            self.cache.load_planned(report["plans"][:PLANS_PER_REPORT])
+        if report.get("ldcache"):
+            from libinject.apply import ldcache_merge
 
+            ldcache_merge.learn(report["ldcache"])
+        if report.get("pages"):
+            self._keep_pages(report["pages"])
+
+    def _rediscover(self, keys: list, worker: int) -> None:
+        """A worker discovered anew, keys[] naming what for: the host changed. For the
+        driver root we warmed, discover it here (our own fingerprint, the snapshot the
+        worker wrote, sealed, or NVML), so the workers we fork from now on have it; a
+        worker's own Driver is never taken (it could name any file as a library). Other
+        roots are left to their requests' workers."""
+        opts = self.warm_options
+        if opts is None or type(keys) is not list:
+            return
+        ours = DriverCache.key(opts.root, opts.ldcache, opts.dev_root)
+        if not any(type(k) is list and k[:4] == list(ours[:4]) for k in keys):
+            return
+        if ours in self.cache.entries:
+            return                          # what the worker saw is what we have
         try:
-            root, dev, cache = key[0], key[1], key[2]
-            if all(isinstance(x, str) for x in (root, dev, cache)):
-                S.probe(root, dev, cache, D._WATCH if D._WATCH is not None else D._watch_dirs())
-        except Exception:  # noqa: BLE001 - only a head start for the next workers
-            pass
+            d = opts.discover(self.cache.discover)
+        except NvhookError as e:
+            self.log(f"rediscovering after worker {worker}: {e}")
+            return
+        finally:
+            self.cache.new.clear()
+        self._remember_libraries(d)
+        self.log(f"learned 1 driver(s) after worker {worker}: driver {d.info.driver_version}, "
+                 f"{len(d.info.gpus)} GPUs under {d.root} (discovered here)")
 
     def _keep_pages(self, runs: list) -> None:
         """A worker's copied pages (copied_pages()), added to what spares pre-fault; past
@@ -1137,6 +1187,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
     def serve(self) -> int:
         """The request on self.conn, from the front's message to its status."""
         before = set(sys.modules)
+        self.server.cache.said = {"fingerprint": "", "plan": ""}    # (not the server's warm-up)
 
         self.conn.settimeout(RECV_TIMEOUT)
         try:
