@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -125,8 +126,13 @@ def main() -> int:
                 print(f"{name}: runc run failed: {r.stderr.strip()}")
                 return 1
         times: dict[str, list[float]] = {n: [] for n in cases}
-        for i in range(opts.runs):            # interleaved, so drift hits every case alike
-            for name, b in bundles.items():
+        for i in range(opts.runs):
+            # Interleaved, so drift hits every case alike, in a shuffled order: what a
+            # case leaves running after it (a service's next spare, a worker's exit)
+            # falls on a different case each round, not always on the one after it.
+            order = list(bundles.items())
+            random.Random(i).shuffle(order)
+            for name, b in order:
                 ms, r = _run(state, b, f"c{i}")
                 if r.returncode != 0:
                     print(f"{name}: runc run failed: {r.stderr.strip()}")
