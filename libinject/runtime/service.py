@@ -816,23 +816,29 @@ class Server:
     def _spawn_spare(self) -> None:
         if self.spare is not None or self.stopping:
             return
+        self.spare = self._fork_talking(_Worker.spare, "spare")
+        if self.spare is not None:
+            # Idle CPU only until it has a request: its set-up and pre-faulting never
+            # take a CPU from the worker, the prober or the runtime
+            self._spare_idle = _set_idle(self.spare[0].pid, True)
+
+    def _fork_talking(self, body, tag: str) -> tuple[Child, socket.socket] | None:
+        """A child running body(server, its end of a socket pair); ours, non-blocking,
+        watched for what it says (events tagged `tag`). None if no pidfd."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
 
-        def wait() -> int:
+        def run() -> int:
             ours.close()
-            return _Worker.spare(self, theirs)
+            return body(self, theirs)
 
-        child = self._fork(wait)
+        child = self._fork(run)
         theirs.close()
         if child is None:                   # pragma: no cover - kernels before 5.3
             ours.close()
-            return
-        self.spare = (child, ours)
-        # Idle CPU only until it has a request: its set-up and pre-faulting never take a
-        # CPU from the worker, the prober or the runtime
-        self._spare_idle = _set_idle(child.pid, True)
+            return None
         ours.setblocking(False)
-        self.sel.register(ours, selectors.EVENT_READ, "spare")
+        self.sel.register(ours, selectors.EVENT_READ, tag)
+        return child, ours
 
     def _spare_says(self, sock) -> None:
         """The spare is set up and pre-faulting (PREFAULTING): it runs only on CPU
@@ -901,21 +907,8 @@ class Server:
         if (self.prober is not None or self.probe_inputs is None or self.stopping
                 or time.monotonic() < self.prober_off_until):
             return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-
-        def run() -> int:
-            ours.close()
-            return _Prober.run(self, theirs)
-
-        child = self._fork(run)
-        theirs.close()
-        if child is None:                   # pragma: no cover - kernels before 5.3
-            ours.close()
-            return
-        self.prober = (child, ours)
+        self.prober = self._fork_talking(_Prober.run, "prober")
         self.probing = 0.0
-        ours.setblocking(False)
-        self.sel.register(ours, selectors.EVENT_READ, "prober")
 
     def _probe(self, w: int) -> None:
         """Have the prober write the fingerprint of probe_inputs, taken now, to the pipe
