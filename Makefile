@@ -2,9 +2,11 @@
 # make test: same install, then the whole suite.
 # The venv's interpreter: the distribution's python3 where it is 3.11 or newer (Debian
 # builds it with PGO and LTO: an exec'd hook starts and runs ~10% faster than on a plain
-# source build, such as a pyenv one found first on PATH), else the python3 on PATH.
+# source build, such as a pyenv one found first on PATH), else the python3 on PATH (which
+# says so if it is too old: pyproject.toml asks for 3.11).
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
-	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; exit 0; }; \
+	done; echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 NATIVE_SRC := csrc/native.c csrc/native.h csrc/build_native.py setup.py pyproject.toml

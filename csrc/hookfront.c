@@ -94,7 +94,8 @@ static const char *const PY_HOOK =
     "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; "
     "from nvhook.cli import main\n"
     "try:\n code = main()\n"
-    "except SystemExit as e:\n code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1\n"
+    "except SystemExit as e:\n"
+    " code = 0 if e.code is None else e.code if isinstance(e.code, int) else print(e.code, file=sys.stderr) or 1\n"
     "try:\n sys.stdout.flush(); sys.stderr.flush()\nexcept Exception:\n pass\n"
     "import os; os._exit(code & 255)";
 

@@ -502,6 +502,29 @@ def test_a_huge_request_does_not_hold_the_server(tmp_path, fresh_sim_host, sockd
         assert s.stop() == 0
 
 
+def test_a_failed_rediscovery_is_not_tried_again_at_once(fresh_sim_host, tmp_path):
+    """Rediscovery runs in the server's loop (NVML with it, up to its timeout): after one
+    that failed, worker reports do not start another for REDISCOVER_BACKOFF."""
+    import shutil
+
+    from libinject.discover.options import DiscoverOptions
+    from libinject.runtime.service import Server
+
+    host = fresh_sim_host("a100x8")
+    opts = DiscoverOptions(root=str(host), snapshot=True, snapshot_dir=str(tmp_path / "snap"))
+    logs = tmp_path / "log"
+    fd = os.open(logs, os.O_WRONLY | os.O_CREAT, 0o600)
+    server = Server(str(tmp_path / "s.sock"), log_fd=fd)
+    server.warm(opts)
+    [key] = server.cache.entries
+    shutil.rmtree(host / "proc/driver/nvidia")      # the driver is gone: discovery fails
+    for _ in range(3):
+        server._learn_from({"drivers": [[*key[:4], "0" * 48]]}, 7)
+    os.close(fd)
+    tries = logs.read_text().count("rediscovering after worker 7")
+    assert tries == 1, logs.read_text()
+
+
 def test_the_server_remembers_only_small_requests_plans(fresh_sim_host):
     """A plan is made again by the server for requests of a real size only (a hostile
     spec's megabyte of NVIDIA_REQUIRE_* would cost the server seconds, in its loop); a

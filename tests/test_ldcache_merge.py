@@ -623,3 +623,45 @@ def test_a_report_names_a_merge_never_chooses_it(tmp_path, plans, merge_memory):
     again, report2 = in_ns(_apply_reporting, b, edits)
     assert report2 is not None and again["cache"] == fresh["cache"]
     assert b"/etc/shadow" not in again["cache"]
+
+
+def test_a_hostile_cache_costs_no_more_than_its_size(tmp_path, plans, merge_memory):
+    """An image cache whose SONAMEs are long tails of one string ("a1a1..."), a few
+    hundred of them in 40 KB, made the order check quadratic: seconds and hundreds of
+    MiB in the worker, then again in the server's loop (learn()). A name or path longer
+    than ldconfig writes is refused (its sandboxed ldconfig, with a deadline, runs
+    instead), the sort key is linear in a name, and what a report names is bounded."""
+    import json
+    import time
+
+    from support.applyenv import in_ns
+
+    M = merge_memory
+    img = make_image(tmp_path / "img", "debian")
+    edits = _edits(plans, "debian", "default")
+    cache = img / "etc/ld.so.cache"
+    c = M.parse(cache.read_bytes())
+    for i in range(300):            # (sorted: after every "l..." name, longest first)
+        for col, v in ((c.names, b"a1" * (16000 - i)), (c.paths, b"/opt/x/libx.so"),
+                       (c.flags, 0x0303), (c.osversion, 0), (c.hwcap, 0)):
+            col.append(v)
+    cache.write_bytes(M.build(c))
+    t = time.monotonic()
+    got, report = in_ns(_apply_reporting, img, edits)
+    assert got["fallback"] == "a name or path longer than ldconfig writes" and report is None
+    assert got["error"] is None and time.monotonic() - t < 20
+    t = time.monotonic()
+    assert len(M._libkey(b"a1" * (1 << 17))) == 2 * (1 << 17) + 1     # (256 KiB: linear)
+    assert time.monotonic() - t < 1
+
+    # what a compromised worker could report instead: refused before any work
+    img2 = make_image(tmp_path / "img2", "debian")
+    _, honest = in_ns(_apply_reporting, img2, edits)
+    honest = json.loads(json.dumps(honest))
+    for bad in ({**honest, "new": honest["new"] * (M.MAX_LEARN_NEW // len(honest["new"]) + 1)},
+                {**honest, "new": [["lib" + "x" * (1 << 18), *honest["new"][0][1:]]]},
+                {**honest, "folders": honest["folders"] * (M.MAX_LEARN_FOLDERS + 1)}):
+        t = time.monotonic()
+        assert M.learn(bad) is False
+        assert time.monotonic() - t < 0.5
+    assert M._KNOWN == {} and M._MERGED == {}

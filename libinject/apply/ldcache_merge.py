@@ -124,6 +124,8 @@ last_fallback: str | None = None     # why the last ldconfig.update() ran ldconf
 
 
 MAX_DIRS = 4096     # directories an image's cache may name (real ones: a few dozen)
+MAX_NAME = 255      # a SONAME longer than a file name (NAME_MAX) is no library ldconfig met
+MAX_PATH = 4095     # nor a path longer than PATH_MAX
 
 
 class Unsupported(Exception):
@@ -132,21 +134,26 @@ class Unsupported(Exception):
 
 # -- what ldconfig compares --------------------------------------------------------------
 _DIGITS_TO_NUL = bytes.maketrans(b"0123456789", b"\0" * 10)
+_OTHERS_TO_NUL = bytes(b if 0x30 <= b <= 0x39 else 0 for b in range(256))
 
 
 def _libkey(name: bytes) -> list:
     """A sort key ordering SONAMEs as _dl_cache_libcmp does: digit runs compare as
     numbers and above any other character; a string ends below everything. ASCII only
-    (libcmp compares chars signed on x86), digit runs of at most 9 digits (an int)."""
+    (libcmp compares chars signed on x86), digit runs of at most 9 digits (an int).
+    Linear in the name (a hostile cache's names are long)."""
     if not name.isascii():
         raise Unsupported(f"non-ASCII SONAME {name!r}")
     marked = name.translate(_DIGITS_TO_NUL)     # digits -> NUL (no NUL in a name)
+    digits = name.translate(_OTHERS_TO_NUL)     # anything else -> NUL
     out: list = []
     i, n = 0, len(name)
     while (j := marked.find(b"\0", i)) >= 0:
         # a non-digit run followed by digits: the digit beats whatever the other has there
         out.append(name[i:j] + b"\xff")
-        i = n - len(marked[j:].lstrip(b"\0"))
+        i = digits.find(b"\0", j)
+        if i < 0:
+            i = n
         if i - j > 9:
             raise Unsupported(f"SONAME {name!r} has a number libcmp cannot compare")
         out.append(int(name[j:i]))
@@ -237,6 +244,8 @@ def parse(data: bytes) -> Cache:
     c.paths = [table[o - lo:find(b"\0", o - lo)] for o in values]
     if not all(c.names) or not all(c.paths):
         raise Unsupported("an empty name or path")
+    if max(map(len, c.names)) > MAX_NAME or max(map(len, c.paths)) > MAX_PATH:
+        raise Unsupported("a name or path longer than ldconfig writes")
     c.flags, c.osversion, c.hwcap = list(flags), list(osv), list(hwcap)
     refs = set(keys)
     refs.update(values)
@@ -757,6 +766,9 @@ _KNOWN: dict[bytes, tuple[bytes, ...]] = {}
 _MERGED: dict[tuple, bytes] = {}
 _learn: tuple[bytes, tuple] | None = None       # this process's merge made afresh
 MAX_LEARN = 128 << 10       # image caches larger than this are not reported (real: < 100 KiB)
+MAX_LEARN_ENTRIES = 4096    # nor caches of more entries (real: a few hundred; the host's 620)
+MAX_LEARN_NEW = 512         # our entries in one merge (8 GPUs, every capability: ~60)
+MAX_LEARN_FOLDERS = 8
 MAX_KNOWN = 16
 MAX_MERGED = 64
 
@@ -776,6 +788,8 @@ def learned() -> dict | None:
     import binascii
 
     image, (_, fpaths, ranks, new) = _learn
+    if len(ranks) > MAX_LEARN_ENTRIES or len(new) > MAX_LEARN_NEW:
+        return None
     return {"image": binascii.b2a_base64(image, newline=False).decode(),
             "folders": [p.decode("latin-1") for p in fpaths], "ranks": list(ranks),
             "new": [[so.decode("latin-1"), path.decode("latin-1"), fl, osv, hw, r]
@@ -794,13 +808,17 @@ def learn(report: object) -> bool:
         image = binascii.a2b_base64(report["image"])
         folders, ranks, new = report["folders"], report["ranks"], report["new"]
         if not (type(folders) is list and type(ranks) is list and type(new) is list
-                and all(type(f) is str for f in folders) and all(type(r) is int for r in ranks)):
+                and len(folders) <= MAX_LEARN_FOLDERS and len(new) <= MAX_LEARN_NEW
+                and len(ranks) <= MAX_LEARN_ENTRIES
+                and all(type(f) is str and len(f) <= MAX_PATH for f in folders)
+                and all(type(r) is int for r in ranks)):
             return False
         fpaths = [f.encode("latin-1") for f in folders]
         nf = len(fpaths)
         entries = []
         for x in new:
             if not (type(x) is list and len(x) == 6 and type(x[0]) is str and type(x[1]) is str
+                    and len(x[0]) <= MAX_NAME and len(x[1]) <= MAX_PATH
                     and all(type(v) is int for v in x[2:]) and 0 <= x[5] < nf):
                 return False
             entries.append((x[0].encode("latin-1"), x[1].encode("latin-1"), *x[2:]))
@@ -811,6 +829,8 @@ def learn(report: object) -> bool:
         if key in _MERGED and digest in _KNOWN:
             return True
         c = parse(image)
+        if len(c.names) > MAX_LEARN_ENTRIES:
+            return False
         keys = _Keys()
         _check_sorted(c, keys)
         bases = _bases(c)

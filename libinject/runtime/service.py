@@ -116,6 +116,7 @@ PLANS_PER_REPORT = 4            # a worker plans once; what a report names beyon
 MAX_PLANNED_REQUEST = 4096      # characters of a request whose plan is remembered (real: ~300)
 MAX_REPORT = 4 << 20            # bytes of a worker's report read (an ld.so.cache in base64, pages)
 PROBER_BACKOFF = 60.0           # s without a prober after one was stuck (a wedged driver)
+REDISCOVER_BACKOFF = 30.0       # s before the server tries again a rediscovery that failed
 RECV_TIMEOUT = 5.0              # the front sends its request right after connect()
 INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
@@ -596,6 +597,7 @@ class Server:
         self.prober_off_until = 0.0     # after a stuck prober: none until then
         self.dying: list[Child] = []    # killed, not yet reaped (stuck in the kernel)
         self.warm_options = None        # DiscoverOptions warmed (the only ones we rediscover)
+        self.rediscover_after = 0.0     # a failed rediscovery: not again before then
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.sock: socket.socket | None = None
@@ -1028,7 +1030,7 @@ class Server:
         worker's own Driver is never taken (it could name any file as a library). Other
         roots are left to their requests' workers."""
         opts = self.warm_options
-        if opts is None or type(keys) is not list:
+        if opts is None or type(keys) is not list or time.monotonic() < self.rediscover_after:
             return
         ours = DriverCache.key(opts.root, opts.ldcache, opts.dev_root)
         if not any(type(k) is list and k[:4] == list(ours[:4]) for k in keys):
@@ -1037,8 +1039,9 @@ class Server:
             return                          # what the worker saw is what we have
         try:
             d = opts.discover(self.cache.discover)
-        except NvhookError as e:
-            self.log(f"rediscovering after worker {worker}: {e}")
+        except NvhookError as e:     # (not again at once: it runs in our loop, NVML with it)
+            self.rediscover_after = time.monotonic() + REDISCOVER_BACKOFF
+            self.log(f"rediscovering after worker {worker}: {e}; not again for {REDISCOVER_BACKOFF:g}s")
             return
         finally:
             self.cache.new.clear()
