@@ -523,6 +523,13 @@ def test_a_failed_rediscovery_is_not_tried_again_at_once(fresh_sim_host, tmp_pat
     os.close(fd)
     tries = logs.read_text().count("rediscovering after worker 7")
     assert tries == 1, logs.read_text()
+    server.rediscover_after = 0.0
+    shutil.rmtree(host)                             # the driver root itself is gone
+    fd = os.open(logs, os.O_WRONLY | os.O_APPEND)
+    server.log_fd = fd
+    server._learn_from({"drivers": [[*key[:4], "1" * 48]]}, 8)     # one line, no exception
+    os.close(fd)
+    assert "rediscovering after worker 8: cannot read driver root" in logs.read_text()
 
 
 def test_the_server_remembers_only_small_requests_plans(fresh_sim_host):

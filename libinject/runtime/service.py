@@ -1003,7 +1003,8 @@ class Server:
                     raise ValueError(f"{size} bytes")
                 self._learn_from(json.loads(os.pread(job.learned, size, 0)) if size else {},
                                  job.child.pid)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
+                    NvhookError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
 
@@ -1032,12 +1033,12 @@ class Server:
         opts = self.warm_options
         if opts is None or type(keys) is not list or time.monotonic() < self.rediscover_after:
             return
-        ours = DriverCache.key(opts.root, opts.ldcache, opts.dev_root)
-        if not any(type(k) is list and k[:4] == list(ours[:4]) for k in keys):
-            return
-        if ours in self.cache.entries:
-            return                          # what the worker saw is what we have
         try:
+            ours = DriverCache.key(opts.root, opts.ldcache, opts.dev_root)
+            if not any(type(k) is list and k[:4] == list(ours[:4]) for k in keys):
+                return
+            if ours in self.cache.entries:
+                return                      # what the worker saw is what we have
             d = opts.discover(self.cache.discover)
         except NvhookError as e:     # (not again at once: it runs in our loop, NVML with it)
             self.rediscover_after = time.monotonic() + REDISCOVER_BACKOFF
