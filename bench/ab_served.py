@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_hook import GPU1, GPU8, RUNC, _bundle, _run  # noqa: E402
+from benchlib import await_log  # noqa: E402
 
 # The service process: tree first on sys.path, _Worker.serve timed, then `nvhook serve`.
 LAUNCH = r"""
@@ -76,12 +77,7 @@ def _serve(tree: str, cfg: Path, sock: Path, log: Path, verbose: bool) -> subpro
                              *(["-v"] if verbose else [])],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(log, "wb"), env={}, cwd="/")
-    deadline = time.monotonic() + 60
-    while "warm:" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"nvhook serve ({tree}) did not start: {log.read_text(errors='replace')}")
-        time.sleep(0.02)
+    await_log(proc, log, "warm:", f"nvhook serve ({tree})")
     return proc
 
 

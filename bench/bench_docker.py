@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import stats
+from benchlib import await_log, stats
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -109,12 +109,7 @@ def _serve_beside(pid: int, log: Path) -> subprocess.Popen:
                              hookenv.ensure_front(), "serve"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(log, "wb"), env={})
-    deadline = time.monotonic() + 60
-    while "listening on" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"nvhook serve did not start: {log.read_text(errors='replace')}")
-        time.sleep(0.05)
+    await_log(proc, log, "listening on", "nvhook serve")
     return proc
 
 

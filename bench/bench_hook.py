@@ -28,7 +28,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from benchlib import stats as _stats
+from benchlib import await_log, stats as _stats
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -78,12 +78,7 @@ def _serve(cfg: Path, sock: Path, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen([hookenv.ensure_front(), "--config", str(cfg), "serve", "--socket", str(sock)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(log, "wb"), env={})
-    deadline = time.monotonic() + 60
-    while "warm:" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"nvhook serve did not start: {log.read_text(errors='replace')}")
-        time.sleep(0.02)
+    await_log(proc, log, "warm:", "nvhook serve")
     return proc
 
 
