@@ -416,6 +416,41 @@ def test_without_its_prober_a_worker_takes_its_own_fingerprint(tmp_path, fresh_s
         assert s.stop() == 0
 
 
+def _seize(pid: int) -> None:
+    """Trace pid (PTRACE_SEIZE: no stop): its exit is ours to wait for first."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    if libc.ptrace(0x4206, pid, None, None) != 0:
+        raise OSError(ctypes.get_errno(), f"PTRACE_SEIZE {pid}")
+
+
+def test_a_dead_prober_is_reaped_while_the_service_idles(tmp_path, fresh_sim_host, sockdir):
+    """The kernel closes a dying child's files (the server sees its socket's EOF) before
+    its exit can be waited for. A tracer holding the prober's exit keeps that window open
+    as long as the test likes: once it lets go, the idle server reaps the zombie (it
+    watches its pidfd), with no request to wake it, and one prober is left."""
+    host = fresh_sim_host("a100x8")
+    cfg = _snapshot_config(tmp_path, host)
+    s = Serve(cfg, sockdir / "hook.sock")
+    try:
+        s.wait_until(lambda: len(s.probers()) == 1, "a prober")
+        [prober] = s.probers()
+        _seize(prober)
+        os.kill(prober, signal.SIGKILL)
+        s.wait_until(lambda: f"prober {prober} is gone" in s.log(), "the prober's death seen")
+        s.wait_until(lambda: len(s.probers()) == 2, "a new prober beside the dead one")
+        time.sleep(0.3)
+        assert Path(f"/proc/{prober}/stat").read_text().split(") ")[1][0] == "Z"   # not yet reapable
+        pid, status = os.waitpid(prober, os.__dict__.get("__WALL", 0x40000000))
+        assert pid == prober and os.WTERMSIG(status) == signal.SIGKILL
+        s.wait_until(lambda: not Path(f"/proc/{prober}").exists(), "the dead prober reaped", timeout=5)
+        assert len(s.probers()) == 1 and s.probers() != [prober], s.log()
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_prober_lost_with_a_request_waiting_is_replaced(tmp_path, fresh_sim_host, sockdir):
     """The prober dies while a connection waits (the server stopped meanwhile), so the
     server meets the request before the prober's end: its probe cannot be sent. The

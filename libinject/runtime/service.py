@@ -123,6 +123,7 @@ SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it take
 PROBER_NAME = "nvhook-prober"
 PROBE_WAIT = 1.0                # s a worker waits for the prober's fingerprint, then takes its own
 PROBE_STUCK = 10.0              # s a probe may take before the prober is replaced
+DYING_POLL = 1.0                # s between tries to reap a killed child whose exit we cannot wait for
 WORKER_NAME = "nvhook-worker"
 REPORTED = 0x80                 # in a worker's exit status: it sent b"S" itself (hook codes < 128)
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -596,6 +597,7 @@ class Server:
         self.probing = 0.0              # when the probe in flight was asked for (0: none)
         self.prober_off_until = 0.0     # after a stuck prober: none until then
         self.dying: list[Child] = []    # killed, not yet reaped (stuck in the kernel)
+        self.watched_dying: set[int] = set()    # their pidfds in self.sel
         self.warm_options = None        # DiscoverOptions warmed (the only ones we rediscover)
         self.rediscover_after = 0.0     # a failed rediscovery: not again before then
         self.sel = selectors.DefaultSelector()
@@ -683,6 +685,8 @@ class Server:
                     self._spare_says(key.fileobj)
                 elif key.data == "prober":
                     self._prober_says()
+                elif key.data == "dying":
+                    self._reap_dying()
                 else:
                     self._finish(self.jobs[key.fd])
             self._expire()
@@ -693,6 +697,7 @@ class Server:
         self._drop_spare()
         self._drop_prober()
         for child in self.dying:
+            self._unwatch(child.pidfd)
             child.close()       # (waits KILL_GRACE at most: we are stopping)
         self.dying.clear()
         for job in list(self.jobs.values()):
@@ -724,6 +729,8 @@ class Server:
         deadlines = [j.deadline for j in self.jobs.values()]
         if self.probing:
             deadlines.append(self.probing + PROBE_STUCK)
+        if any(c.pidfd not in self.watched_dying for c in self.dying):
+            deadlines.append(time.monotonic() + DYING_POLL)   # (exited, yet not ours to wait for yet)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -957,15 +964,30 @@ class Server:
         sock.close()
         child.kill()
         self.dying.append(child)
+        # Watched until reaped, idle or not: the kernel closes a dying child's files (we
+        # see its socket's EOF) before its exit can be waited for, so it is rarely
+        # reapable yet here, and with nothing else in flight nothing else wakes us.
+        self.sel.register(child.pidfd, selectors.EVENT_READ, "dying")
+        self.watched_dying.add(child.pidfd)
         self._reap_dying()
         self.probing = 0.0
+
+    def _unwatch(self, pidfd: int) -> None:
+        if pidfd in self.watched_dying:
+            self.watched_dying.discard(pidfd)
+            self.sel.unregister(pidfd)
 
     def _reap_dying(self) -> None:
         for child in list(self.dying):
             if child.wait(0) is not None:
+                self._unwatch(child.pidfd)
                 os.close(child.pidfd)
                 child.pidfd = -1
                 self.dying.remove(child)
+            elif child.pidfd in self.watched_dying and _readable_now(child.pidfd):
+                # Exited yet not waitable (a tracer holds its exit): readable for good,
+                # so polled every DYING_POLL instead of waking us in a loop
+                self._unwatch(child.pidfd)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -1447,6 +1469,10 @@ def _untrusted_peer(conn: socket.socket, pid: int, uid: int,
     finally:
         if pidfd >= 0:
             os.close(pidfd)
+
+
+def _readable_now(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _read_fd(fd: int) -> bytes:
