@@ -5,7 +5,8 @@ regular expressions, which imports `re` and `enum`. The work itself is done by `
 (C) either way; this module drives it directly (~0.3 ms to import). Same results as
 json.loads / json.dumps with default arguments for everything the hook reads and writes
 (tests/test_jsonc.py compares them); errors are ValueError (a JSON syntax error from the
-C scanner is json.decoder.JSONDecodeError, which imports json then: only on bad input).
+C scanner is json.decoder.JSONDecodeError, which imports json then: only on bad input),
+whatever modules happen to be loaded.
 """
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def loads(data: str | bytes | bytearray) -> Any:
         obj, end = _scan(data, start)
     except StopIteration as e:
         raise ValueError(f"Expecting value: char {e.value}") from None
+    except SystemError:
+        # The C scanner raises its syntax errors as json.decoder.JSONDecodeError, looked
+        # up only among loaded modules: without it, a NULL with no exception. Load it
+        # (only on bad input) and scan again for the same ValueError as json.loads.
+        import json.decoder  # noqa: F401
+        obj, end = _scan(data, start)
     if data[end:].strip(_WS):
         raise ValueError(f"Extra data: char {end}")
     return obj

@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from conftest import NVHOOK, run
-from support import cli
+from support import cli, hookenv
+
+REPO = Path(__file__).resolve().parent.parent
+NVHOOK_PY = str(REPO / ".venv" / "bin" / "python")
 
 # What a clear line is not: Python's own words for a bug, or the hook's catch-all for one.
 _NOT_CLEAR = re.compile(cli.NOT_CLEAR.pattern + r"|hook failed")
@@ -277,3 +280,38 @@ def test_configure_refuses_the_host_root_however_spelled(tmp_path, plain_cfg, ro
     # --dry-run: the code before the check changed nothing either
     r = run([NVHOOK, "--config", str(plain_cfg), "configure", "--dry-run", rootfs])
     one_error(r, "invalid rootfs directory")
+
+
+# --- malformed JSON through the exec'd hook (python -I -S: `json` is never loaded) -------
+
+def test_jsonc_syntax_errors_are_value_errors_without_json_loaded():
+    """CPython's C scanner raises a syntax error as json.decoder.JSONDecodeError, looked
+    up among loaded modules only: in a bare interpreter, without the fix, a SystemError."""
+    from test_jsonc import BAD
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from libinject import jsonc\n"
+            "for t in sys.argv[2:]:\n"
+            "    try: jsonc.loads(t)\n"
+            "    except ValueError: print('ValueError')\n"
+            "    else: print('parsed')\n")
+    out = subprocess.run([NVHOOK_PY, "-I", "-S", "-c", code, str(REPO), *BAD], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stderr == "" and out.stdout.split() == ["ValueError"] * len(BAD)
+
+
+@pytest.mark.parametrize("cut", [-1, -3, -12])     # (the spec keeps the trigger the front looks for)
+def test_exec_hook_truncated_state_and_spec(tmp_path, hook_cfg, sandbox_pid, cut):
+    """The hook as runtimes exec it (the compiled front, Python with -I -S): a state or
+    config.json cut short is one clear line, never SystemError."""
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    spec = json.dumps(gpu_spec())
+    (bundle / "config.json").write_text(spec[:cut])
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "status": "creating",
+                        "pid": sandbox_pid, "bundle": str(bundle)})
+    front = hookenv.ensure_front()
+    r = run([front, "--config", str(hook_cfg), "prestart"], input=state, timeout=60)
+    one_error(r, "config.json")
+    r = run([front, "--config", str(hook_cfg), "prestart"], input=state[:cut], timeout=60)
+    one_error(r, "container state")
+    assert list((bundle / "rootfs").iterdir()) == []
