@@ -220,6 +220,17 @@ long long nv_mount_id(int fd)
     return (long long)(stx.stx_mnt_id << 1) | ((stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0);
 }
 
+long long nv_birth_time(int fd)
+{
+    struct statx stx;
+    memset(&stx, 0, sizeof stx);
+    if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_BTIME, &stx) < 0)
+        return -errno;
+    if (!(stx.stx_mask & STATX_BTIME) || stx.stx_btime.tv_sec < 0)
+        return -ENOSYS;
+    return (long long)stx.stx_btime.tv_sec * 1000000000LL + stx.stx_btime.tv_nsec;
+}
+
 int nv_join_session_keyring(void)
 { RET(syscall(__NR_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0)); }
 

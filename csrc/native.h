@@ -54,6 +54,12 @@ long nv_fstatfs_type(int fd);
  * -ENOSYS where the kernel cannot say. */
 long long nv_mount_id(int fd);
 
+/* statx(2) STATX_BTIME: when the file fd refers to was made, in ns since the epoch;
+ * -ENOSYS where its file system does not say. With its inode number it tells a
+ * directory from another made later at the same path (inode numbers are reused),
+ * in every mount namespace (mount ids are not). */
+long long nv_birth_time(int fd);
+
 /* madvise(addr, len, MADV_POPULATE_WRITE) (Linux 5.14): fault our own pages in as a
  * write would, writing nothing (the service's spares copy ahead what requests write);
  * 0 or -errno. */

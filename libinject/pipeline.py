@@ -20,7 +20,7 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
               log: Callable[[str], None] | None = None,
               discover_fn: Callable[..., Driver] | None = None,
               plan_fn: Callable[..., ContainerEdits] | None = None,
-              in_process: bool = False) -> ContainerEdits:
+              in_process: bool = False, owner: str | None = None) -> ContainerEdits:
     """Discover the driver (options), plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
@@ -29,7 +29,8 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
     libinject.plan.planner.plan (the service's plans, made once per request and driver).
     in_process: apply in this process instead of a forked worker (one fork less on the
     hook's path); only for one-shot processes, since it limits this process's
-    capabilities for good."""
+    capabilities for good. owner: the container's id, where known (what a killed
+    apply's journal is bound to, with the rootfs's identity)."""
     from libinject.discover.libraries import container_lib_dirs
     from libinject.plan.planner import plan
 
@@ -45,9 +46,13 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
         f"{len(edits.cgroup_rules)} cgroup rules, lib dir {lib_dir}")
     if dry_run:
         return edits
-    from libinject.apply.live import apply
+    from libinject.apply import live
 
-    apply(edits, rootfs, pid=pid, ldconfig=request.ldconfig, no_cgroups=request.no_cgroups,
-          worker=not in_process)
+    try:
+        live.apply(edits, rootfs, pid=pid, ldconfig=request.ldconfig, no_cgroups=request.no_cgroups,
+                   worker=not in_process, owner=owner)
+    finally:
+        for note in live.notes:
+            say(note)
     say(f"applied to rootfs {rootfs} (pid {pid})")
     return edits

@@ -193,3 +193,125 @@ def test_runc_hook_killed_by_timeout_then_retried(tmp_path, a100_host, rootfs, n
             c.create(timeout=120)
     assert snapshot(rootfs, dir_mtimes=False) == before
     print(f"the killed hook left {len(added)} entries; the retry's replay removed them")
+
+
+# -- what is read back from /run: sealed, and about this very rootfs ---------------------
+JOURNAL_DIR = Path("/run/nvhook/journal")
+
+
+def _forged(records: list[dict]) -> str:
+    """A journal as a writer of the host's /run would write it: the records, in the
+    format the old code replayed as it found them."""
+    import json
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def _saved(path: str, data: bytes) -> dict:
+    import binascii
+    return {"op": "save", "path": path, "kind": "file", "mode": 0o644, "uid": 0, "gid": 0,
+            "atime": 0, "mtime": 0, "ino": 1, "data": binascii.b2a_base64(data, newline=False).decode()}
+
+
+def test_a_run_writer_cannot_forge_a_victims_journal(tmp_path, a100_host, rootfs, no_leaked_mounts):
+    """A root process that can write the host's /run (a container given it as a volume)
+    writes a journal for another container's rootfs path: attacker bytes for its
+    /etc/passwd and an /etc/ld.so.preload. The victim's GPU start through the real hook
+    replays none of it (the lines fail their seal: a log line), and the victim is as it
+    should be. Old code: /etc/passwd was the attacker's, ld.so.preload planted."""
+    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (rootfs / "etc/ld.so.preload").unlink(missing_ok=True)
+    JOURNAL_DIR.mkdir(parents=True, exist_ok=True)
+    forged = JOURNAL_DIR / _journal_name(rootfs)
+    forged.write_text(_forged([_saved("/etc/passwd", b"root::0:0::/:/bin/sh\n"),
+                               _saved("/etc/ld.so.preload", b"/tmp/evil.so\n")]))
+    config = hookenv.write_config(tmp_path / "c.toml", a100_host, log=tmp_path / "hook.log")
+    try:
+        with RuncContainer(tmp_path, args=["cat", "/etc/passwd"], env=hookenv.ENV + ["NVIDIA_VISIBLE_DEVICES=1"],
+                           devices=[("/dev/nvidia0", 195, 0)],
+                           hooks={"prestart": [hookenv.hook_entry(config, "prestart")]},
+                           rootfs=rootfs) as c:
+            r = c.run()
+    finally:
+        forged.unlink(missing_ok=True)
+    assert r.stdout == "root:x:0:0:root:/root:/bin/sh\n", r.stdout + r.stderr
+    assert (rootfs / "etc/passwd").read_text() == "root:x:0:0:root:/root:/bin/sh\n"
+    assert not (rootfs / "etc/ld.so.preload").exists()
+    assert "line 1 fails its seal" in (tmp_path / "hook.log").read_text()
+
+
+def test_a_killed_start_of_tenant_a_is_not_replayed_into_tenant_b(rootfs, tmp_path, no_leaked_mounts):
+    """No attacker: A's killed start leaves its journal; B's rootfs is made later at the
+    same path. B's start replays nothing of A's (the journal names A's rootfs: another
+    directory). Old code: A's ld.so.cache was put back over B's."""
+    import shutil
+    from libinject.sim.rootfs import build_rootfs
+
+    edits = make_host(tmp_path / "drv")
+    (rootfs / "etc/ld.so.cache").write_bytes(b"tenant A's own cache")
+    with pytest.raises(RuntimeError, match="exited with -9"):
+        in_ns(_killed_at, rootfs, edits, "commit")      # (its mounts went with its namespace)
+    assert (JOURNAL_DIR / _journal_name(rootfs)).exists()
+    shutil.rmtree(rootfs)
+    build_rootfs(rootfs)
+    (rootfs / "etc/ld.so.cache").write_bytes(b"tenant B's own cache")
+    before = snapshot(rootfs, dir_mtimes=False)
+    assert in_ns(_apply, rootfs, ContainerEdits()) is None      # B's start
+    assert snapshot(rootfs, dir_mtimes=False) == before
+    assert not (JOURNAL_DIR / _journal_name(rootfs)).exists()   # discarded, then B's own ended
+
+
+def _killed_in_temp_file(rootfs: Path, edits) -> None:
+    """Apply in this process, SIGKILLed while it fills a temp file (RootFS.write_file's,
+    before its rename into place)."""
+    from libinject.apply import live, rootfs as rfs
+
+    real = rfs.RootFS._own
+
+    def own(self, fd, mode, st=None):
+        if ".nvhook-" in os.readlink(f"/proc/self/fd/{fd}"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, fd, mode, st)
+    rfs.RootFS._own = own
+    live.apply(edits, str(rootfs), worker=False)
+
+
+def test_a_start_killed_in_a_temp_file_leaves_nothing(rootfs, tmp_path, no_leaked_mounts):
+    """Killed while a temp file of write_file is being filled (before anything names it
+    but its journal record): the next apply removes it. Old code: the temp file was made
+    before anything was journaled and stayed in the image for good."""
+    edits = make_host(tmp_path / "drv")
+    before = snapshot(rootfs, dir_mtimes=False)
+    with pytest.raises(RuntimeError, match="exited with -9"):
+        in_ns(_killed_in_temp_file, rootfs, edits)
+    temps = [p for p in snapshot(rootfs, dir_mtimes=False) if ".nvhook-" in p]
+    assert temps, "the kill came before any temp file: nothing to test"
+    assert in_ns(_apply, rootfs, ContainerEdits()) is None
+    assert snapshot(rootfs, dir_mtimes=False) == before
+
+
+def _apply_with_a_full_journal(rootfs: Path, edits, pages: int) -> str | None:
+    """_apply with /run/nvhook/journal a tmpfs of `pages` pages (this private namespace)."""
+    from libinject.linux import native
+    JOURNAL_DIR.mkdir(parents=True, exist_ok=True)
+    native.mount("tmpfs", str(JOURNAL_DIR), "tmpfs", 0, f"size={pages * 4096},mode=0700")
+    return _apply(rootfs, edits)
+
+
+def test_a_full_run_fails_the_start_with_one_line_and_leaves_nothing(rootfs, tmp_path, no_leaked_mounts):
+    """/run full at every point of an apply (a tmpfs of 1, 2, ... pages for the journal):
+    the start fails with one line naming the journal and the cause, and the image is as
+    it was. Old code: an entry made just before its record failed stayed in the image,
+    and the line named /etc/ld.so.cache."""
+    edits = make_host(tmp_path / "drv")
+    (rootfs / "etc/ld.so.cache").write_bytes(os.urandom(48 << 10))   # a big save record
+    before = snapshot(rootfs, dir_mtimes=False)
+    failed = 0
+    for pages in range(1, 40):
+        err = in_ns(_apply_with_a_full_journal, rootfs, edits, pages)
+        if err is None:
+            break
+        failed += 1
+        assert err.startswith("cannot write journal /run/nvhook/journal/"), err
+        assert err.endswith("No space left on device"), err
+        assert snapshot(rootfs, dir_mtimes=False) == before, f"{pages} pages: {err}"
+    assert failed >= 2 and err is None

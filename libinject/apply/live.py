@@ -69,6 +69,9 @@ DEVICE_KINDS = ("control", "gpu", "drm", "mig", "imex")
 # its report; perf_counter is CLOCK_MONOTONIC, the same clock in every process).
 trace: Callable[[str, float], None] | None = None
 _marks: list[tuple[str, float]] = []
+# What the last apply has to say besides its result (a discarded journal): log lines
+# for the caller (pipeline.configure logs them).
+notes: list[str] = []
 
 
 def _mark(phase: str) -> None:
@@ -114,7 +117,7 @@ class _Sources:
 
 def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
           ldconfig: str = "@/sbin/ldconfig", no_cgroups: bool = False,
-          timeout: float = TIMEOUT, worker: bool = True) -> list[str]:
+          timeout: float = TIMEOUT, worker: bool = True, owner: str | None = None) -> list[str]:
     """Apply edits to rootfs (in pid's mount namespace when pid is given), all or
     nothing. Returns the container paths mounted, in order.
 
@@ -124,6 +127,7 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
     022; with a pid it enters the container's mount namespace and comes back to ours
     (cwd kept) before the cgroup step. No `timeout` for the mount phase then (the
     sandboxed ldconfig keeps its own)."""
+    notes.clear()
     _marks.clear()
     _mark("start")
     nsfd = None
@@ -138,7 +142,7 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
     cgroup_step = bool(edits.cgroup_rules and pid is not None and not no_cgroups)
     if not worker:
         try:
-            return _apply_here(edits, rootfs, pid, nsfd, ldconfig, cgroup_step)
+            return _apply_here(edits, rootfs, pid, nsfd, ldconfig, cgroup_step, owner)
         finally:
             if nsfd is not None:
                 os.close(nsfd)
@@ -155,7 +159,7 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
         try:
             os.close(rep_r)
             os.close(cmd_w)
-            code = _child(edits, rootfs, nsfd, ldconfig, rep_w, cmd_r, wait=cgroup_step)
+            code = _child(edits, rootfs, nsfd, ldconfig, rep_w, cmd_r, wait=cgroup_step, owner=owner)
         finally:
             os._exit(code)
     os.close(rep_w)
@@ -167,6 +171,7 @@ def apply(edits: ContainerEdits, rootfs: str, *, pid: int | None = None,
     try:
         report = reader.get(timeout)
         _marks.extend((str(n), float(t)) for n, t in report.get("marks", ()))
+        notes.extend(str(n) for n in report.get("notes", ()))
         _mark("report")
         if not report.get("ok"):
             raise NvhookError(report.get("error", "apply failed"))
@@ -228,23 +233,24 @@ def _send(fd: int, msg: dict) -> None:
 
 # -- the child ---------------------------------------------------------------------
 def _child(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
-           rep: int, cmd: int, wait: bool = True) -> int:  # pragma: no cover - runs in the child
-    journal = Journal()
+           rep: int, cmd: int, wait: bool = True,
+           owner: str | None = None) -> int:  # pragma: no cover - runs in the child
+    journal = Journal(owner=owner)
     _marks.clear()
     _mark("fork")
     os.umask(0o022)
     try:
         _attempt(edits, rootfs, nsfd, ldconfig, journal)
     except NvhookError as e:    # rolled back; reported to the parent as one line
-        _send(rep, {"ok": False, "error": str(e), "marks": _marks})
+        _send(rep, {"ok": False, "error": str(e), "marks": _marks, "notes": notes})
         return 1
     if not wait:
         mounts = list(journal.mounts)
         journal.commit()
-        _send(rep, {"ok": True, "mounts": mounts, "committed": True, "marks": _marks})
+        _send(rep, {"ok": True, "mounts": mounts, "committed": True, "marks": _marks, "notes": notes})
         return 0
     try:
-        _send(rep, {"ok": True, "mounts": journal.mounts, "marks": _marks})
+        _send(rep, {"ok": True, "mounts": journal.mounts, "marks": _marks, "notes": notes})
         verdict = os.read(cmd, 64).strip()
     except OSError:
         verdict = b""
@@ -274,7 +280,8 @@ def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
     src = _open_sources(edits, ldconfig)
     proc = proc_fd()                # the host's /proc, for after setns
     host_id = _identity(rootfs)
-    journal.disk = DiskJournal.open(rootfs)     # on the host, keyed by the host's path
+    journal.disk = DiskJournal.open(rootfs, owner=journal.owner)   # on the host, for this very rootfs
+    notes.extend(journal.disk.notes)
     _mark("sources")
     own_ns = False
     if nsfd is not None:
@@ -398,10 +405,10 @@ def _error_line(e: Exception) -> str:
 
 
 def _apply_here(edits: ContainerEdits, rootfs: str, pid: int | None, nsfd: int | None,
-                ldconfig: str, cgroup_step: bool) -> list[str]:
+                ldconfig: str, cgroup_step: bool, owner: str | None = None) -> list[str]:
     """apply(worker=False): the worker's steps in this process, then the cgroup step
     back in our own mount namespace (it needs the host's view of the cgroup tree)."""
-    journal = Journal()
+    journal = Journal(owner=owner)
     home = cwd = None
     if nsfd is not None:
         home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)

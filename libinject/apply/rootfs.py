@@ -23,7 +23,9 @@ step to /run/nvhook/journal, so that what a killed apply left in the rootfs is u
 by the next apply on it (RootFS.replay): a mount's record ahead of it (a phase's
 mounts in one write, expect_mounts; each names the very mount, so the replay passes
 over a record whose mount a kill prevented), a replaced entry's ahead of the rename,
-a new entry's right after the syscall that made it (its identity is known only then).
+a new entry's right after the syscall that made it (its identity is known only then),
+a temp file's name before it is made. The records are sealed and bound to the rootfs
+(DiskJournal): a writer of /run can neither forge them nor aim them at another rootfs.
 """
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ from libinject.linux import atomic, mountinfo, native
 from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
 from libinject.record import field, record
+
+try:
+    from _blake2 import blake2b as _blake2b    # hashlib would load OpenSSL first (~2.5 ms)
+except ImportError:  # pragma: no cover
+    from hashlib import blake2b as _blake2b
+try:
+    from _operator import _compare_digest       # hmac's, without OpenSSL
+except ImportError:  # pragma: no cover
+    from hmac import compare_digest as _compare_digest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -186,20 +197,48 @@ def set_attrs(tree_fd: int, attrs: int, recursive: bool = False) -> None:
 
 class DiskJournal:
     """The journal's write-ahead copy on the host, for what a killed apply leaves (a
-    runtime's hook timeout, serve-timeout): JSON lines in a root-only file
-    /run/nvhook/journal/<sha256 of the rootfs path>, locked (flock) while an apply
-    runs and removed when it ends, committed or rolled back. A file found unlocked
-    is what a killed apply did: `stale` holds its records, for RootFS.replay().
-    /run is a tmpfs: after a reboot nothing is replayed."""
+    runtime's hook timeout, serve-timeout): lines in a root-only file
+    /run/nvhook/journal/<hash of the rootfs path>, locked (flock) while an apply runs
+    and removed when it ends, committed or rolled back. A file found unlocked is what a
+    killed apply did: `stale` holds its records, for RootFS.replay(). /run is a tmpfs:
+    after a reboot nothing is replayed.
 
-    def __init__(self, fd: int, dir_fd: int, name: str, stale: list[dict]):
+    /run is not ours alone (a container can be given it as a volume), so nothing read
+    back from it is taken on trust. Each line is `MAC JSON`, the MAC a keyed BLAKE2b
+    (journal_key: derived from the host key in /var/lib/nvhook, kept apart from /run)
+    chained over every line before it, so a line cannot be forged, altered, moved or
+    spliced in from another journal. The first line names the rootfs the records are
+    about (_rootfs_identity: its path, its root's inode number and birth time; the
+    container's id where the file system keeps no birth time). Records are replayed only
+    when that is the rootfs now applied to: another container's rootfs made later at
+    the same path (a killed start of tenant A, then tenant B) gets none of A's. A
+    forged, foreign or oversized journal is a note (`notes`, which the caller logs) and
+    is discarded. With no usable key no records are kept (the lock still is): a killed
+    apply's leftovers then stay, as before journals, but nothing is replayed unproven.
+    Replay itself undoes only what it can see is that apply's (RootFS.replay)."""
+
+    MAX_BYTES = 3 * SAVE_LIMIT      # the largest journal we read back (a saved cache, base64)
+
+    def __init__(self, fd: int, dir_fd: int, name: str, stale: list[dict], header: dict,
+                 key: bytes | None, notes: list[str]):
         self.fd, self.dir_fd, self.name, self.stale = fd, dir_fd, name, stale
+        self.header, self.key, self.notes = header, key, notes
+        self.prev: bytes | None = None      # the last line's MAC; None: header not written
+
+    @property
+    def path(self) -> str:
+        return f"{JOURNAL_DIR}/{self.name}"
 
     @classmethod
-    def open(cls, rootfs: str, directory: str = JOURNAL_DIR,
-             wait: float = JOURNAL_WAIT) -> "DiskJournal":
+    def open(cls, rootfs: str, directory: str = JOURNAL_DIR, wait: float = JOURNAL_WAIT,
+             owner: str | None = None, key: bytes | None = None) -> "DiskJournal":
         """The journal of `rootfs` (a host path), locked; waits up to `wait` s for
-        another apply on the same rootfs."""
+        another apply on the same rootfs. owner: the container's id, where known.
+        key: the MAC key (default: journal_key())."""
+        rootfs = os.path.abspath(rootfs)
+        header = _rootfs_identity(rootfs, owner)
+        if key is None:
+            key = journal_key()
         try:
             try:
                 dfd = atomic.open_dir(directory)
@@ -212,34 +251,68 @@ class DiskJournal:
             st = os.fstat(dfd)
             if st.st_uid != os.geteuid() or st.st_mode & 0o022:
                 raise NvhookError(f"journal directory {directory} is writable by others than its owner")
-            try:
-                from _blake2 import blake2b    # hashlib would load OpenSSL first (~2.5 ms)
-            except ImportError:  # pragma: no cover
-                from hashlib import blake2b
-            name = blake2b(os.fsencode(os.path.abspath(rootfs)), digest_size=20).hexdigest() + ".journal"
-            fd = cls._lock(dfd, name, time.monotonic() + wait, rootfs)
+            name = _blake2b(os.fsencode(rootfs), digest_size=20).hexdigest() + ".journal"
+            fd = cls._lock(dfd, name, time.monotonic() + wait, rootfs, directory)
         except BaseException:
             os.close(dfd)
             raise
+        notes: list[str] = []
+        stale = cls._read(fd, f"{directory}/{name}", header, key, notes)
+        j = cls(fd, dfd, name, stale, header, key, notes)
+        if not stale:
+            j.restart()     # (nothing of ours in it: start it afresh)
+        return j
+
+    @classmethod
+    def _read(cls, fd: int, path: str, header: dict, key: bytes | None, notes: list[str]) -> list[dict]:
+        """The records of a killed apply on this very rootfs, each checked against its
+        MAC; what is not (forged, foreign, too big) is a note and is not returned."""
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return []
+        if key is None:
+            notes.append(f"journal {path}: no journal key, its records discarded")
+            return []
+        if size > cls.MAX_BYTES:
+            notes.append(f"journal {path}: {size} bytes, more than any apply writes; discarded")
+            return []
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
-        stale = []
-        for line in b"".join(chunks).splitlines():
-            try:
-                stale.append(jsonc.loads(line))
-            except ValueError:      # the line a kill cut short: its step never happened
+        lines = b"".join(chunks).split(b"\n")
+        lines.pop()             # after the last newline: empty, or the line a kill cut short
+        prev, recs = b"", []
+        for i, line in enumerate(lines):
+            mac, _, body = line.partition(b" ")
+            if not _compare_digest(mac, _line_mac(key, prev, body)):
+                notes.append(f"journal {path}: line {i + 1} fails its seal (not written by this "
+                             f"host's nvhook); it and what follows discarded")
                 break
-        return cls(fd, dfd, name, stale)
+            prev = mac
+            try:
+                rec = jsonc.loads(body)
+            except ValueError:      # (sealed, so ours: never)
+                break
+            if i == 0:
+                if rec != header:
+                    notes.append(f"journal {path}: written for another rootfs at this path "
+                                 f"(container {rec.get('owner') if isinstance(rec, dict) else None}); "
+                                 "discarded")
+                    return []
+                continue
+            if isinstance(rec, dict):
+                recs.append(rec)
+        return recs
 
     @staticmethod
-    def _lock(dfd: int, name: str, deadline: float, rootfs: str) -> int:
+    def _lock(dfd: int, name: str, deadline: float, rootfs: str, directory: str) -> int:
         while True:
             try:
                 fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                              dir_fd=dfd)
             except OSError as e:
-                raise NvhookError(f"journal for rootfs {rootfs}: {os.strerror(e.errno)}") from None
+                raise NvhookError(f"cannot open journal {directory}/{name} for rootfs {rootfs}: "
+                                  f"{os.strerror(e.errno)}") from None
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -258,25 +331,43 @@ class DiskJournal:
             if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
                 if not stat.S_ISREG(mine.st_mode):
                     os.close(fd)
-                    raise NvhookError(f"journal for rootfs {rootfs} is not a regular file")
+                    raise NvhookError(f"journal {directory}/{name} for rootfs {rootfs} is not a regular file")
                 return fd
             os.close(fd)
 
     def restart(self) -> None:
-        """Replayed: start the file afresh for this apply's records."""
-        os.ftruncate(self.fd, 0)
+        """Replayed (or nothing to replay): start the file afresh for this apply's records."""
+        try:
+            os.ftruncate(self.fd, 0)
+        except OSError as e:
+            raise NvhookError(f"cannot write journal {self.path}: {os.strerror(e.errno)}") from None
         os.lseek(self.fd, 0, os.SEEK_SET)
         self.stale = []
+        self.prev = None
 
     def write(self, rec: dict) -> None:
         self.write_many((rec,))
 
     def write_many(self, recs: Iterable[dict]) -> None:
-        """Records, in one write(2) (O_APPEND not needed: one writer). A kill in the
-        middle of it leaves a cut line, which ends the stale records (open())."""
-        data = "".join([jsonc.dumps(rec, compact=True) + "\n" for rec in recs]).encode()
-        while data:
-            data = data[os.write(self.fd, data):]
+        """Records, sealed, in one write(2) (the header first, with the first ones).
+        A kill in the middle of it leaves a cut line, which ends the stale records."""
+        if self.key is None:
+            return
+        out, prev = [], self.prev
+        if prev is None:
+            recs = (self.header, *recs)
+            prev = b""
+        for rec in recs:
+            body = jsonc.dumps(rec, compact=True).encode()
+            prev = _line_mac(self.key, prev, body)
+            out.append(prev + b" " + body + b"\n")
+        data = b"".join(out)
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as e:
+            raise NvhookError(f"cannot write journal {self.path}: {os.strerror(e.errno)}") from None
+        self.prev = prev
 
     def done(self) -> None:
         """The apply ended (committed, or fully rolled back): nothing to replay."""
@@ -294,6 +385,48 @@ class DiskJournal:
             self.fd = self.dir_fd = -1
 
 
+def _line_mac(key: bytes, prev: bytes, body: bytes) -> bytes:
+    h = _blake2b(digest_size=16, key=key, person=b"nvhook-journal")
+    h.update(prev)
+    h.update(body)
+    return h.hexdigest().encode()
+
+
+def journal_key() -> bytes | None:
+    """The journal's MAC key: derived from the host key of the default snapshot dir
+    (root-only, in /var/lib/nvhook, made if missing), so no writer of /run can seal a
+    record. None where there is none and none can be made (a read-only /var/lib)."""
+    from libinject.discover import snapshot
+
+    try:
+        host = snapshot._own_key(snapshot.DEFAULT_DIR)
+    except OSError:
+        return None
+    return _blake2b(key=host, person=b"nvhook-jkey", digest_size=32).digest()
+
+
+def _rootfs_identity(rootfs: str, owner: str | None) -> dict:
+    """What the journal's records are about: this rootfs (its path, and its root's inode
+    number and birth time: a directory made later at the same path, even with a reused
+    inode number, is another; the same in every mount namespace, unlike mount ids)."""
+    try:
+        fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise NvhookError(f"rootfs {rootfs}: {os.strerror(e.errno)}") from None
+    try:
+        ino = os.fstat(fd).st_ino
+        born = native.birth_time(fd)
+    except OSError as e:
+        raise NvhookError(f"rootfs {rootfs}: {os.strerror(e.errno)}") from None
+    finally:
+        os.close(fd)
+    # The container's id only where the birth time is unknown: with it, the rootfs is
+    # told apart already, and another container on the very same directory (a retry
+    # under a new id) is owed the cleanup of what a killed start left there.
+    return {"op": "begin", "rootfs": rootfs, "ino": ino, "born": born,
+            "owner": owner if born is None else None}
+
+
 @record
 class Journal:
     """Undo log: entries are undone in reverse order; fds are kept until commit.
@@ -305,6 +438,7 @@ class Journal:
     created: list[str] = field(default_factory=list)    # container paths, in order
     mount_ids: set[int] = field(default_factory=set)    # mountinfo ids of our mounts
     disk: DiskJournal | None = None
+    owner: str | None = None    # the container's id, where known (DiskJournal.open)
     _fds: list[int] = field(default_factory=list)
     generation: int = 0     # bumped by rollback/commit (RootFS drops its cached dirs)
 
@@ -338,8 +472,6 @@ class Journal:
         self.created.append(path)
         if st is None:
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-        if durable:
-            self.record({"op": "create", "path": path, "alias": alias, **_identity(st)})
         ident = (st.st_dev, st.st_ino)
 
         def undo() -> None:
@@ -350,7 +482,19 @@ class Journal:
             if (now.st_dev, now.st_ino) != ident:
                 return
             os.rmdir(name, dir_fd=pfd) if is_dir else os.unlink(name, dir_fd=pfd)
+        # Its undo before its record: a record that cannot be written (a full /run)
+        # fails the apply, whose rollback must still remove the entry.
         self.add(f"remove {path}", undo)
+        if durable:
+            self.record({"op": "create", "path": path, "alias": alias, **_identity(st)})
+
+    def temp(self, path: str, parent_fd: int, tmp: str, durable: bool) -> None:
+        """A temp entry `tmp` (beside `path`, in parent_fd) about to be made: recorded
+        *before* it exists (by name: a kill between its creation and its identity's
+        record would otherwise leave it in the image for good); its rollback is
+        discarded_on_error's or the rename's."""
+        if durable:
+            self.record({"op": "temp", "path": path, "alias": tmp})
 
     def rollback(self) -> list[str]:
         """Undo everything; returns what could not be undone (empty when clean)."""
@@ -412,6 +556,17 @@ def _entry(parent: int, name: str) -> tuple[int | None, os.stat_result | None]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.nvhook-{os.getpid()}-{os.urandom(4).hex()}"
+
+
+def _is_temp_name(name: str, of: str) -> bool:
+    """One of ours for `of` (_temp_name): a replayed record never names another file."""
+    head = f".{of}.nvhook-"
+    return name.startswith(head) and "/" not in name and all(
+        c in "0123456789abcdef-" for c in name[len(head):])
 
 
 def _put_back(pfd: int, name: str, rec: dict, saved: bytes | str) -> None:
@@ -479,6 +634,7 @@ class RootFS:
         self._gen = self.journal.generation
         self._ahead: set[tuple[str, int]] = set()   # (path, mount id) recorded by expect_mounts
         self._ns: int | None = None                 # our mount namespace's inode, when needed
+        self._made: dict[str, dict] = {}            # replay: path -> its create record
 
     def close(self) -> None:
         self.forget_dirs()
@@ -832,7 +988,8 @@ class RootFS:
             old_fd, old = _entry(parent, name)
             if old is not None and not (stat.S_ISREG(old.st_mode) or stat.S_ISLNK(old.st_mode)):
                 raise NvhookError(f"cannot write {path} in the rootfs: it is a {_kind(old.st_mode)}")
-            tmp = f".{name}.nvhook-{os.getpid()}-{os.urandom(4).hex()}"
+            tmp = _temp_name(name)
+            self.journal.temp(path, parent, tmp, durable)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600, dir_fd=parent)
             try:
@@ -942,7 +1099,8 @@ class RootFS:
                 try:
                     if not stat.S_ISLNK(old.st_mode) or os.readlink("", dir_fd=fd) == target:
                         return False
-                    tmp = f".{name}.nvhook-{os.getpid()}-{os.urandom(4).hex()}"
+                    tmp = _temp_name(name)
+                    self.journal.temp(path, parent, tmp, durable)
                     os.symlink(target, tmp, dir_fd=parent)
                     try:
                         os.chown(tmp, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)
@@ -975,6 +1133,12 @@ class RootFS:
         Returns what could not be undone."""
         left = []
         recs = list(reversed(records))
+        # The entry each path got from that apply (its newest create record): a saved
+        # original is put back only over it, never over what someone else put there.
+        self._made = {}
+        for r in records:
+            if r.get("op") == "create" and isinstance(r.get("path"), str):
+                self._made[r["path"]] = r
         for rec in ([r for r in recs if r.get("op") == "mount"]
                     + [r for r in recs if r.get("op") != "mount"]):
             try:
@@ -1024,7 +1188,16 @@ class RootFS:
             if native.mount_id(pfd)[0] != self.mnt_id:     # not the rootfs's: not ours
                 return
             name = parts[-1]
-            if op == "create":
+            if op == "temp":
+                alias = rec.get("alias")
+                if isinstance(alias, str) and _is_temp_name(alias, name):
+                    try:
+                        st = os.stat(alias, dir_fd=pfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        return
+                    if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                        os.unlink(alias, dir_fd=pfd)
+            elif op == "create":
                 for n in (name, rec.get("alias")):
                     if not n or "/" in n or n in (".", ".."):
                         continue
@@ -1045,6 +1218,9 @@ class RootFS:
                     return
                 if st is not None and (st.st_ino, st.st_mtime_ns) == (rec["ino"], rec["mtime"]):
                     return      # the original is still there
+                made = self._made.get(path)
+                if made is not None and (st is None or not _matches(st, made)):
+                    return      # not the entry that apply put there: not ours to replace
                 data = rec["data"] if rec["kind"] == "link" else binascii.a2b_base64(rec["data"])
                 _put_back(pfd, name, rec, data)
         finally:

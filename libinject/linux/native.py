@@ -201,6 +201,15 @@ def mount_id(fd: int) -> tuple[int, bool]:
     return got >> 1, bool(got & 1)
 
 
+def birth_time(fd: int) -> int | None:
+    """When the file fd refers to was made (statx STATX_BTIME, ns), or None where its
+    file system does not say."""
+    got = lib.nv_birth_time(fd)
+    if got == -errno.ENOSYS or got == 0:    # (0: made by a tool that set none, e.g. mke2fs -d)
+        return None
+    return _check(got, "statx")
+
+
 def address_of(buf) -> int:
     """The address of a writable buffer's memory (an mmap), for populate_write."""
     return int(ffi.cast("uintptr_t", ffi.from_buffer(buf)))
