@@ -223,7 +223,7 @@ class DiskJournal:
                  key: bytes | None, notes: list[str]):
         self.fd, self.dir_fd, self.name, self.stale = fd, dir_fd, name, stale
         self.header, self.key, self.notes = header, key, notes
-        self.prev: bytes | None = None      # the last line's MAC; None: header not written
+        self.chain = None       # the MAC state over the lines written; None: no header yet
 
     @property
     def path(self) -> str:
@@ -259,7 +259,7 @@ class DiskJournal:
         notes: list[str] = []
         stale = cls._read(fd, f"{directory}/{name}", header, key, notes)
         j = cls(fd, dfd, name, stale, header, key, notes)
-        if not stale:
+        if not stale and (notes or os.lseek(fd, 0, os.SEEK_CUR)):
             j.restart()     # (nothing of ours in it: start it afresh)
         return j
 
@@ -281,14 +281,13 @@ class DiskJournal:
             chunks.append(chunk)
         lines = b"".join(chunks).split(b"\n")
         lines.pop()             # after the last newline: empty, or the line a kill cut short
-        prev, recs = b"", []
+        chain, recs = _chain(key), []
         for i, line in enumerate(lines):
             mac, _, body = line.partition(b" ")
-            if not _compare_digest(mac, _line_mac(key, prev, body)):
+            if not _compare_digest(mac, _seal_line(chain, body)):
                 notes.append(f"journal {path}: line {i + 1} fails its seal (not written by this "
                              f"host's nvhook); it and what follows discarded")
                 break
-            prev = mac
             try:
                 rec = jsonc.loads(body)
             except ValueError:      # (sealed, so ours: never)
@@ -343,7 +342,7 @@ class DiskJournal:
             raise NvhookError(f"cannot write journal {self.path}: {os.strerror(e.errno)}") from None
         os.lseek(self.fd, 0, os.SEEK_SET)
         self.stale = []
-        self.prev = None
+        self.chain = None
 
     def write(self, rec: dict) -> None:
         self.write_many((rec,))
@@ -353,21 +352,22 @@ class DiskJournal:
         A kill in the middle of it leaves a cut line, which ends the stale records."""
         if self.key is None:
             return
-        out, prev = [], self.prev
-        if prev is None:
+        out, chain = [], self.chain
+        if chain is None:
             recs = (self.header, *recs)
-            prev = b""
+            chain = _chain(self.key)
+        else:
+            chain = chain.copy()        # (advanced only once the lines are written)
         for rec in recs:
             body = jsonc.dumps(rec, compact=True).encode()
-            prev = _line_mac(self.key, prev, body)
-            out.append(prev + b" " + body + b"\n")
+            out.append(_seal_line(chain, body) + b" " + body + b"\n")
         data = b"".join(out)
         try:
             while data:
                 data = data[os.write(self.fd, data):]
         except OSError as e:
             raise NvhookError(f"cannot write journal {self.path}: {os.strerror(e.errno)}") from None
-        self.prev = prev
+        self.chain = chain
 
     def done(self) -> None:
         """The apply ended (committed, or fully rolled back): nothing to replay."""
@@ -385,11 +385,14 @@ class DiskJournal:
             self.fd = self.dir_fd = -1
 
 
-def _line_mac(key: bytes, prev: bytes, body: bytes) -> bytes:
-    h = _blake2b(digest_size=16, key=key, person=b"nvhook-journal")
-    h.update(prev)
-    h.update(body)
-    return h.hexdigest().encode()
+def _chain(key: bytes):
+    return _blake2b(digest_size=16, key=key, person=b"nvhook-journal")
+
+
+def _seal_line(chain, body: bytes) -> bytes:
+    """The MAC of a line: over it and every line before it (`chain`, advanced here)."""
+    chain.update(body + b"\n")
+    return chain.hexdigest().encode()
 
 
 def journal_key() -> bytes | None:
