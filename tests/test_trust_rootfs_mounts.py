@@ -26,7 +26,7 @@ from support.applyenv import (LIBDIR, elf, in_ns, make_host, mountinfo, new_moun
                               try_apply)
 from support.runc import RuncError
 
-REFUSED = "on another mount than the rootfs's (a volume?); refusing"
+REFUSED = "on a mount that is not the container's own ("
 
 
 def _apply_with_volume(rootfs: Path, edits, vol: Path):
@@ -52,8 +52,7 @@ def _link_into_volume(rootfs: Path, cpath: str) -> None:
     p.symlink_to("/vol/x")
 
 
-@pytest.mark.parametrize("cpath", [LIBDIR, "/usr/bin", "/lib/firmware", "/run/nvidia-persistenced",
-                                   "/dev", "/etc", "/proc/driver"])
+@pytest.mark.parametrize("cpath", [LIBDIR, "/usr/bin", "/lib/firmware", "/dev", "/etc", "/proc/driver"])
 def test_symlink_into_volume_refused(rootfs, tmp_path, cpath, no_leaked_mounts):
     """Each directory nvhook mounts into, creates in or writes to, as a symlink into a
     private volume: the apply fails before anything reaches the host dir (old code:
@@ -66,6 +65,30 @@ def test_symlink_into_volume_refused(rootfs, tmp_path, cpath, no_leaked_mounts):
     assert snapshot(vol) == before
     assert [m.mountpoint for m in mnts] == []
     assert err is not None and REFUSED in err, err
+
+
+def _apply_with_volume_notes(rootfs: Path, edits, vol: Path):
+    from libinject.apply import live
+    err, mnts = _apply_with_volume(rootfs, edits, vol)
+    return err, [m.mountpoint for m in mnts], list(live.notes)
+
+
+def test_optional_socket_in_a_volume_is_skipped(rootfs, tmp_path, no_leaked_mounts):
+    """The persistenced socket's directory as a symlink into a volume: the socket is
+    optional (CUDA works without it), so it is skipped with a note and the start goes
+    on; nothing reaches the host dir, and everything else is mounted (old code: the
+    start failed)."""
+    edits = make_host(tmp_path / "drv")
+    vol = _volume(tmp_path, rootfs)
+    _link_into_volume(rootfs, "/run/nvidia-persistenced")
+    before = snapshot(vol)
+    err, mnts, notes = in_ns(_apply_with_volume_notes, rootfs, edits, vol)
+    assert err is None
+    assert snapshot(vol) == before
+    assert not any("persistenced" in m or m.startswith(f"{rootfs}/vol") for m in mnts), mnts
+    assert any(m.endswith("/usr/bin/nvidia-smi") for m in mnts), mnts
+    [note] = notes
+    assert note.startswith("skipped /run/nvidia-persistenced/socket: ") and REFUSED in note, note
 
 
 def _ldconfig_with_volume(rootfs: Path, vol: Path):

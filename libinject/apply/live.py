@@ -45,8 +45,8 @@ from libinject.linux.privileges import limit_capabilities
 from libinject.linux.proc import proc_fd
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from libinject.apply.rootfs import (DiskJournal, Journal, RootFS, fs_type, mount_attrs, open_host,
-                                    openat2, split)
+from libinject.apply.rootfs import (DiskJournal, Journal, OnHostMount, RootFS, fs_type, mount_attrs,
+                                    open_host, openat2, split)
 from libinject.record import field, record
 
 TYPE_CHECKING = False
@@ -61,6 +61,7 @@ PROC_ATTRS = (native.MOUNT_ATTR_RDONLY | native.MOUNT_ATTR_NOSUID | native.MOUNT
 # mounts by kind, in the order they are applied; symlinks and compat go after libraries
 EARLY_KINDS = ("binary", "library")
 LATE_KINDS = ("firmware", "ipc", "graphics")
+OPTIONAL_KINDS = ("ipc",)   # skipped (a note) where only a mount not the container's could take them
 EXPECT = {"binary": "file", "library": "file", "firmware": "file", "ipc": None,
           "graphics": "file", "procfs-gpu": "dir"}
 DEVICE_KINDS = ("control", "gpu", "drm", "mig", "imex")
@@ -284,15 +285,23 @@ def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
     notes.extend(journal.disk.notes)
     _mark("sources")
     own_ns = False
+    host_mounts = -1
     if nsfd is not None:
         # Another namespace than ours: the container's, whose own mounts we may change
         own_ns = os.fstat(nsfd).st_ino != os.stat("self/ns/mnt", dir_fd=proc).st_ino
-        native.setns(nsfd, native.CLONE_NEWNS)
+        if own_ns:      # (read, if ever, from the container's: RootFS._container_own)
+            host_mounts = os.open("self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+        try:
+            native.setns(nsfd, native.CLONE_NEWNS)
+        except BaseException:
+            if host_mounts >= 0:
+                os.close(host_mounts)
+            raise
         os.chdir("/")
         rootfs = _container_rootfs(rootfs, host_id)
         _mark("setns")
     limit_capabilities(caps_kept())
-    root = RootFS(rootfs, journal, own_ns=own_ns)
+    root = RootFS(rootfs, journal, own_ns=own_ns, host_mounts=host_mounts)
     _mark("caps")
     try:
         if journal.disk.stale:      # what a killed apply left in this rootfs
@@ -572,8 +581,15 @@ def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:
     root.expect_mounts([(m.container_path, s.fd, s.st) for m, s in items])  # written ahead at once
     for m, s in items:
         attrs, recursive = mount_attrs(m.options)
-        root.bind_tree(s.fd, s.st, m.container_path, attrs, recursive=recursive,
-                       expect=EXPECT.get(m.kind), source=m.host_path)
+        try:
+            root.bind_tree(s.fd, s.st, m.container_path, attrs, recursive=recursive,
+                           expect=EXPECT.get(m.kind), source=m.host_path)
+        except OnHostMount as e:
+            if m.kind not in OPTIONAL_KINDS:
+                raise
+            # (the persistenced/fabricmanager sockets, the MPS pipe dir: CUDA works
+            # without them, as with --no-persistenced; never written into a volume)
+            notes.append(f"skipped {m.container_path}: {e}")
 
 
 def _devices(root: RootFS, items: list[tuple[DeviceEdit, _Source]]) -> None:

@@ -596,13 +596,31 @@ def _put_back(pfd: int, name: str, rec: dict, saved: bytes | str) -> None:
         raise
 
 
+class OnHostMount(NvhookError):
+    """A refusal because the place is on a mount the container does not own (a volume
+    of a host directory, a shared mount): an optional item there is skipped."""
+
+
+# Memory file systems: a mount of one whose superblock the hook's own namespace does
+# not have is one the runtime made for this container alone (its tmpfs on /run, /tmp,
+# /proc/driver): it dies with the container and no host directory is behind it.
+PRIVATE_FSTYPES = frozenset({"tmpfs", "ramfs"})
+
+
 class RootFS:
     """A container rootfs; all paths given to methods are container paths."""
 
-    def __init__(self, path: str, journal: Journal | None = None, *, own_ns: bool = False):
+    def __init__(self, path: str, journal: Journal | None = None, *, own_ns: bool = False,
+                 host_mounts: int = -1):
         """own_ns: we entered the container's own mount namespace (not the one we
         started in), where the rootfs, /dev and /proc mounts are the container's: a
-        shared one among them is made a slave before anything is attached to it."""
+        shared one among them is made a slave before anything is attached to it.
+        host_mounts: an fd of the mountinfo of the namespace we started in (opened
+        there, so it reads that namespace's mounts), owned by us from now on: what
+        tells a memory file system the runtime made for the container from one the
+        host has too (_container_own)."""
+        self.host_mounts = host_mounts
+        self._host_devs: frozenset[str] | None = None
         _release_replaced()
         self.path = os.path.abspath(path)
         try:
@@ -640,6 +658,9 @@ class RootFS:
         self._made: dict[str, dict] = {}            # replay: path -> its create record
 
     def close(self) -> None:
+        if self.host_mounts >= 0:
+            os.close(self.host_mounts)
+            self.host_mounts = -1
         self.forget_dirs()
         for got in self._runtime.values():
             if got is not None:
@@ -706,11 +727,31 @@ class RootFS:
         dev = self._runtime_mount("dev")
         return dev is not None and dev[0] == mid and self._mount(mid).fstype == "tmpfs"
 
+    def _container_own(self, mid: int) -> bool:
+        """Mount `mid` is the container's alone: a memory file system (PRIVATE_FSTYPES)
+        that is not mounted anywhere in the namespace we started in (the runtime made
+        it in the container's namespace: `--tmpfs /run`, podman's read-only tmpfs, a
+        spec's tmpfs at /proc/driver). A bind of a host tmpfs (the host's /run as a
+        volume) has a superblock the host namespace has too: not the container's."""
+        if self.host_mounts < 0 or not self.own_ns:
+            return False        # (in the namespace we started in, every mount is the host's)
+        m = self._mount(mid)
+        if m.fstype not in PRIVATE_FSTYPES:
+            return False
+        if self._host_devs is None:
+            chunks = []
+            while chunk := os.read(self.host_mounts, 1 << 16):
+                chunks.append(chunk)
+            text = b"".join(chunks).decode(errors="surrogateescape")
+            self._host_devs = frozenset(h.dev for h in mountinfo.parse(text, PRIVATE_FSTYPES))
+        return m.dev not in self._host_devs
+
     def _check_create(self, dir_fd: int, path: str, key: str | None = None) -> bool:
         """Refuse to create `path` in directory dir_fd unless that directory is on the
-        rootfs's own mount, a tmpfs of ours, or (under /dev) the runtime's /dev tmpfs:
-        never in a volume (an image symlink into one), whose files are a host
-        directory's. Returns whether it is on the rootfs's own mount (the entry then
+        rootfs's own mount, a tmpfs of ours, a memory file system the container owns
+        (_container_own) or (under /dev) the runtime's /dev tmpfs: never in a volume (an
+        image symlink into one), whose files are a host directory's (OnHostMount).
+        Returns whether it is on the rootfs's own mount (the entry then
         outlives the container: the disk journal records it). key: dir_fd is a dup of
         the cached fd of that directory (makedirs): its mount id is asked once per
         cached fd (a property of the fd, which no rename or mount changes)."""
@@ -721,10 +762,19 @@ class RootFS:
                 self._dir_mids[key] = mid
         if mid == self.mnt_id:
             return True
-        if mid in self.journal.mount_ids or self._dev_writable(path, mid):
+        if mid in self.journal.mount_ids or self._dev_writable(path, mid) or self._container_own(mid):
             return False
-        raise NvhookError(f"cannot create {path} in the rootfs: its directory is on another "
-                          "mount than the rootfs's (a volume?); refusing")
+        raise OnHostMount(f"cannot create {path} in the rootfs: its directory is on a mount "
+                          f"that is not the container's own ({self._describe(mid)}); refusing")
+
+    def _describe(self, mid: int) -> str:
+        """A mount, for an error line: its type and source, and whether it is shared."""
+        try:
+            m = self._mount(mid)
+        except NvhookError:
+            return f"mount {mid}"
+        shared = ", shared" if any(o.startswith("shared:") for o in m.optional) else ""
+        return f"{m.fstype} from {m.source}{shared}: a volume?"
 
     def _check_attach(self, target_fd: int, path: str, allow_proc: bool) -> None:
         """A mount target must be on the rootfs's own mount (or the runtime's /dev for
@@ -736,7 +786,7 @@ class RootFS:
         runtime: set[int] | None = None     # the runtime's mounts allowed here, when asked
         cur, root = mid, is_root
         for _ in range(64):
-            if cur == self.mnt_id or cur in ours:
+            if cur == self.mnt_id or cur in ours or self._container_own(cur):
                 break
             if runtime is None:
                 runtime = set()
@@ -748,8 +798,8 @@ class RootFS:
             if cur in runtime:
                 break
             if not root:
-                raise NvhookError(f"mount target {path} in the rootfs is on another mount than "
-                                  "the rootfs's (a volume?); refusing")
+                raise OnHostMount(f"mount target {path} in the rootfs is on a mount that is not "
+                                  f"the container's own ({self._describe(cur)}); refusing")
             m = self._mount(cur)
             parent = self._mount(m.parent)
             root = parent.mountpoint == m.mountpoint     # stacked on the parent's root too
@@ -772,19 +822,42 @@ class RootFS:
             roots += [got for got in (self._runtime_mount("dev"), self._runtime_mount("proc"))
                       if got is not None]
             own = next((rfd for m, rfd in roots if m == mid and rfd >= 0), -1)
-            if not self.own_ns or own < 0:
-                raise NvhookError(f"mount target {path} in the rootfs is on a shared mount: what "
-                                  "is mounted there would propagate to its peers (the host); "
-                                  "refusing (run in a private mount namespace)")
+            opened = -1
+            if own < 0 and self.own_ns and self._container_own(mid):
+                own = opened = self._mount_root(mid)
             try:
-                native.mount_setattr(own, "", native.AT_EMPTY_PATH, 0,
-                                     propagation=native.MS_SLAVE)
-            except OSError as e:
-                raise NvhookError(f"cannot make the container's mount under {path} a slave: "
-                                  f"{os.strerror(e.errno)}") from None
+                if not self.own_ns or own < 0:
+                    raise OnHostMount(f"mount target {path} in the rootfs is on a shared mount: "
+                                      "what is mounted there would propagate to its peers (the "
+                                      "host); refusing (run in a private mount namespace)")
+                try:
+                    native.mount_setattr(own, "", native.AT_EMPTY_PATH, 0,
+                                         propagation=native.MS_SLAVE)
+                except OSError as e:
+                    raise NvhookError(f"cannot make the container's mount under {path} a slave: "
+                                      f"{os.strerror(e.errno)}") from None
+            finally:
+                if opened >= 0:
+                    os.close(opened)
             # Only this mount's propagation changed (a slave now, remembered below); no
             # other mount's "shared:" state does, so the reading stays good for them.
         self._unshared.add(mid)
+
+    def _mount_root(self, mid: int) -> int:
+        """O_PATH fd of the root of the container's mount `mid` (found by its mountpoint
+        under the rootfs and checked to be that very mount's root), or -1."""
+        top = self.path.rstrip("/")
+        point = self._mount(mid).mountpoint
+        if not point.startswith(top + "/"):
+            return -1
+        try:
+            fd = self.resolve(point[len(top):])
+        except OSError:
+            return -1
+        if native.mount_id(fd) != (mid, True):
+            os.close(fd)
+            return -1
+        return fd
 
     def forget_dirs(self) -> None:
         for fd in self._dirs.values():
