@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from conftest import NVHOOK, REPO, run
 from libinject.constants import SAFE_PATH
 from support import hookenv
-from support.cdi_refresh import GpuAway, Watch, device_names, uuid_of, write_config
+from support.cdi_refresh import GpuAway, Watch, device_names, gpu_entry, uuid_of, write_config
 from support.cli import one_error
 
 UNIT = REPO / "contrib" / "nvhook-cdi-refresh.service"
@@ -215,6 +217,61 @@ def test_watch_keeps_an_unchanged_spec_untouched(tmp_path, config, host, watch):
     after = out.stat()
     assert (w.lines(), after.st_ino, after.st_mtime_ns) == (
         [f"unchanged {out}"], before.st_ino, before.st_mtime_ns)
+
+
+def _spec_of(driver) -> str:
+    from libinject.apply import cdi
+
+    return cdi.dump(cdi.generate(driver, hook=cdi.HookOptions(path="/usr/bin/nvhook-hook")), "yaml")
+
+
+def test_watch_rewrites_a_spec_made_while_a_gpu_blipped(tmp_path, config, host):
+    """GPU 7 goes after the watcher fingerprinted the host and before discovery reads it,
+    and is back (the host as it was) once that spec is written: the next check rewrites
+    the spec with it. Was: the fingerprint from before discovery was remembered, every
+    later one equalled it, and the spec lacked GPU 7 for good. In process, so the blip
+    is placed exactly; the watch stops itself (SIGTERM) at its 12th fingerprint."""
+    from libinject import config as C
+    from libinject.apply import cdi_refresh
+
+    out = tmp_path / "nvidia.yaml"
+    entry, uuid = gpu_entry(host, 7), uuid_of(host, 7)
+    aside = tmp_path / entry.name
+    options = C.load(str(config)).discover_options(root=str(host))
+    blips = []
+
+    class Blipping:
+        """The options, whose first discovery finds GPU 7's procfs entry moved aside."""
+        def __getattr__(self, name):
+            return getattr(options, name)
+
+        def discover(self, log=None):
+            if not blips:
+                entry.rename(aside)
+                blips.append("went")
+            return options.discover(log=log)
+
+    class Counted(cdi_refresh.Refresher):
+        calls = 0
+
+        def fingerprint(self) -> str:
+            Counted.calls += 1
+            if Counted.calls == 12:
+                os.kill(os.getpid(), signal.SIGTERM)   # the watch's own handler: it stops
+            return super().fingerprint()
+
+    lines = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if blips == ["went"]:
+            aside.rename(entry)         # the same contents back: the host as it was
+            blips.append("back")
+
+    code = cdi_refresh.watch(Counted(str(out), Blipping(), _spec_of), interval=0.01, uevents=False,
+                             say=say, stderr=sys.stderr)
+    assert (code, blips, lines) == (0, ["went", "back"], [f"updated {out}"] * 2)
+    assert device_names(out) == expected_names(host, range(8))
 
 
 # -- the uevent path: a real kernel uevent, an interval that never comes -----------------------

@@ -11,7 +11,8 @@ no event.
 
 watch() keeps it current: it rechecks the discovery fingerprint (snapshot.fingerprint,
 the digest of every host input discovery's answer depends on) and refreshes when it
-changed,
+differs from the one the spec was made at (taken before and after discovery, and equal:
+Refresher.discover_steady),
   - shortly after kernel uevents that may mean a change (a netlink
     NETLINK_KOBJECT_UEVENT socket through pyroute2, kernel multicast group only):
     an nvidia* kernel module loaded or removed, any PCI or DRM device event (rare on
@@ -51,6 +52,7 @@ MODULES = frozenset(("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nv
 SUBSYSTEMS = frozenset(("pci", "drm"))
 MAX_SPEC_BYTES = 64 << 20
 MAX_WAIT = 3600.0                               # seconds: the longest single wait (then rechecked)
+STEADY_TRIES = 3                                # discoveries per refresh while the host changes under it
 
 
 # ----------------------------------------------------------------------------- uevents
@@ -212,6 +214,24 @@ class Refresher:
         self.render = render
         self.log = log
         self._watch_dirs: list[str] | None = None
+        self.made_at: str | None = None     # fingerprint the last refresh's spec is of
+
+    def discover_steady(self) -> Any:
+        """The Driver, and self.made_at: the fingerprint of the host state it describes.
+        The host is fingerprinted before and after discovering: equal, nothing discovery
+        reads changed meanwhile (a fingerprint taken only before would be remembered for
+        a spec made from a later state: a GPU that went between the two and came back
+        later would leave every later fingerprint equal to it, and the spec without the
+        GPU). Unequal, discovery runs again, up to STEADY_TRIES times; a host that never
+        holds still leaves made_at None, so the next check discovers again."""
+        self.made_at = None
+        for _ in range(STEADY_TRIES):
+            before = self.fingerprint()
+            driver = self.options.discover(log=self.log)
+            if self.fingerprint() == before:
+                self.made_at = before
+                break
+        return driver
 
     def fingerprint(self) -> str:
         """Discovery's fingerprint of the host now, with the inputs discovery uses
@@ -230,10 +250,10 @@ class Refresher:
     def refresh(self) -> bool:
         """Discover (through the snapshot, which this re-warms), render, and write the
         spec if its bytes differ from the file's. True if written. NvhookError on failure
-        (nothing written then)."""
+        (nothing written then). Sets made_at (see discover_steady)."""
         from libinject.apply import cdi
 
-        driver = self.options.discover(log=self.log)
+        driver = self.discover_steady()
         data = self.render(driver).encode()
         if _read_existing(self.output, MAX_SPEC_BYTES) == data:
             return False
@@ -310,8 +330,7 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
     def check(first: bool = False) -> None:
         nonlocal current
         try:
-            fp = refresher.fingerprint()    # before discovering: a change meanwhile is seen next time
-            if fp == current:
+            if refresher.fingerprint() == current:
                 return
             changed = refresher.refresh()
         except NvhookError as e:
@@ -321,7 +340,7 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
             reporter.error(f"internal error: {type(e).__name__}: {e}")
             return
         reporter.ok()
-        current = fp
+        current = refresher.made_at     # what the spec was made from, not what was seen before
         if changed or first:
             say(f"{'updated' if changed else 'unchanged'} {refresher.output}")
 
