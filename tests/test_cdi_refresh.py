@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -315,6 +316,52 @@ def test_without_uevents_the_same_trigger_changes_nothing(tmp_path, host, watch)
     trigger(PCI_UEVENT)
     time.sleep(2)
     assert gone in device_names(out) and w.lines() == [f"updated {out}"]
+
+
+NETLINK_KOBJECT_UEVENT = 15
+
+
+def _uevent_port(pid: int) -> int:
+    """The netlink port id of the uevent socket that process `pid` (or a child) holds."""
+    inodes = set()
+    for p in [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
+        for fd in Path(f"/proc/{p}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = [int(f[2]) for f in (l.split() for l in Path("/proc/net/netlink").read_text().splitlines()[1:])
+             if int(f[1]) == NETLINK_KOBJECT_UEVENT and f[-1] in inodes]
+    assert len(ports) == 1, ports
+    return ports[0]
+
+
+# What a CAP_NET_ADMIN process of the host's network namespace can send to the listener:
+# shorter than a netlink header (pyroute2 raised in its callback: a traceback each), a
+# head that is not UTF-8 (pyroute2 raised in the listener: uevents were off for good),
+# and a well-formed uevent that is not the kernel's.
+HOSTILE = [b"x", b"abc", b"x" * 11, b"\xff\xfe@/devices/pci0000:00\0SUBSYSTEM=pci\0",
+           b"change@/devices/pci0000:00/0000:00:07.0\0ACTION=change\0SUBSYSTEM=pci\0"]
+
+
+@pytest.mark.skipif(PCI_UEVENT is None, reason="no PCI device whose uevent can be triggered")
+def test_datagrams_that_are_not_kernel_uevents_are_dropped_and_counted(tmp_path, host, watch):
+    """Sent for real to the watcher's uevent socket from the host's network namespace:
+    no traceback, one line with the count, and a real uevent after them still brings
+    a prompt refresh."""
+    out = tmp_path / "nvidia.yaml"
+    w = watch("--interval", "3600", "--debounce", "0.2")
+    port = _uevent_port(w.proc.pid)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) as s:
+        s.bind((0, 0))
+        for data in HOSTILE:
+            s.sendto(data, (port, 0))
+    gone = uuid_of(host, 5)
+    GpuAway(host, 5, tmp_path)
+    trigger(PCI_UEVENT)
+    w.wait_until(lambda: gone not in device_names(out), "refreshed after the uevent", DEADLINE)
+    assert w.stop() == 0
+    assert w.stderr() == f"nvhook: uevents: dropped {len(HOSTILE)} datagram(s) so far that were not kernel uevents\n"
+    assert w.out.decode().splitlines() == [f"updated {out}"] * 2
 
 
 # -- the filter and the debounce, on their own -----------------------------------------------

@@ -22,8 +22,10 @@ Refresher.discover_steady),
   - and every `interval` s regardless: not every change comes with a uevent (the
     /dev/nvidia* nodes are made by nvidia-modprobe, not by the kernel; a simulated
     host produces none at all; a lost event: the socket buffer overflowed).
-A uevent is only a hint (only the kernel sends to its group, but nothing rests on
-that): the fingerprint decides. Errors
+A uevent is only a hint: the fingerprint decides. Only the kernel's count (sender port
+id 0); any other datagram (a CAP_NET_ADMIN process of the host's network namespace can
+send one) is dropped and counted, the count reported (one line when it changed, at
+most once a check). Errors
 while watching are reported as one `nvhook: ` line (once until the message changes)
 and the watch goes on: a driver that is not loaded yet at boot is what it waits for.
 SIGTERM or SIGINT stops it (after the refresh in progress, bounded by discovery's
@@ -108,19 +110,21 @@ class Debounce:
         return True
 
 
-def _event_of(msg: Any) -> dict[str, str] | None:
-    """A pyroute2 uevent message as parse_uevent's dict (kernel messages only)."""
-    head = (msg.get("header") or {}).get("message", "")
-    if not isinstance(head, str) or "@" not in head or head.startswith("libudev"):
-        return None
-    return {k: v for k, v in msg.items() if isinstance(k, str) and isinstance(v, str)}
-
-
 class Uevents:
-    """The kernel's uevents, through pyroute2's asyncio netlink socket."""
+    """The kernel's uevents, through pyroute2's asyncio netlink socket: wait() returns
+    once a wanted one came. Each datagram is judged in pyroute2's receive callback,
+    before its own parsing (which raises there on a datagram shorter than a netlink
+    header, or a head that is not UTF-8: a traceback each, or a dead listener): one
+    not from the kernel (sender port id 0: no other socket can have it) or not a
+    uevent is dropped and counted in `dropped`. Sending to this socket at all needs
+    CAP_NET_ADMIN in its network namespace (the kernel's rule for this family)."""
 
     def __init__(self, sock: Any) -> None:
+        import asyncio
+
         self.sock = sock
+        self.dropped = 0
+        self._hint = asyncio.Event()
 
     @classmethod
     async def open(cls) -> Uevents:
@@ -130,8 +134,17 @@ class Uevents:
         except ImportError as e:
             raise NvhookError(f"cannot listen to uevents: pyroute2 is not installed "
                               f"(the nvhook[refresh] extra): {e}") from None
+
+        listener: Uevents | None = None
+
+        class Socket(AsyncUeventSocket):
+            def enqueue(self, data: bytes, addr: Any) -> None:     # every datagram
+                if listener is not None:
+                    listener.datagram(data, addr)
+
         try:
-            sock = AsyncUeventSocket()
+            sock = Socket()
+            listener = cls(sock)
             try:
                 await sock.bind(groups=KERNEL_GROUP)
             except BaseException:
@@ -139,11 +152,28 @@ class Uevents:
                 raise
         except OSError as e:
             raise NvhookError(f"cannot listen to uevents: {e.strerror or e}") from None
-        return cls(sock)
+        return listener
 
-    async def next(self) -> list[dict[str, str]]:
-        """The events of the next datagram (waits: the caller bounds it)."""
-        return [e for m in [m async for m in self.sock.get()] if (e := _event_of(m)) is not None]
+    def datagram(self, data: Any, addr: Any) -> None:
+        """One datagram (runs in pyroute2's callback: never raises)."""
+        try:
+            if addr is None:
+                # pyroute2's own note of a socket error (ENOBUFS: the buffer overflowed):
+                # events may have been lost, so look.
+                self._hint.set()
+                return
+            event = parse_uevent(bytes(data)) if addr[0] == 0 else None
+        except Exception:
+            event = None
+        if event is None:
+            self.dropped += 1
+        elif wanted(event):
+            self._hint.set()
+
+    async def wait(self) -> None:
+        """Until a wanted uevent came since the last return (the caller bounds it)."""
+        await self._hint.wait()
+        self._hint.clear()
 
     def close(self) -> None:
         try:
@@ -292,6 +322,14 @@ class _Reporter:
     def ok(self) -> None:
         self.last = ""
 
+    def note(self, message: str) -> None:
+        """A line outside the error dedup (its caller limits how often)."""
+        try:
+            self.stream.write(error_line(message))
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
 
 def watch(refresher: Refresher, *, interval: float = DEFAULT_INTERVAL,
           debounce: float = DEFAULT_DEBOUNCE, uevents: bool = True,
@@ -327,8 +365,20 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
     burst = Debounce(debounce)
     current: str | None = None      # fingerprint the spec was last made at
 
+    dropped = 0                     # the listener's count, as last reported
+
+    def report_dropped() -> None:
+        # One line when the count changed, at most once a check: a sender cannot flood
+        # the log, and the administrator still learns that something sends here.
+        nonlocal dropped
+        if listener is not None and listener.dropped != dropped:
+            dropped = listener.dropped
+            reporter.note(f"uevents: dropped {dropped} datagram(s) so far that were not "
+                          "kernel uevents")
+
     def check(first: bool = False) -> None:
         nonlocal current
+        report_dropped()
         try:
             if refresher.fingerprint() == current:
                 return
@@ -347,7 +397,7 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
     check(first=True)
     poll_at = time.monotonic() + interval
     stopping = asyncio.ensure_future(stop.wait())
-    receiving = asyncio.ensure_future(listener.next()) if listener else None
+    receiving = asyncio.ensure_future(listener.wait()) if listener else None
     try:
         while not stop.is_set():
             now = time.monotonic()
@@ -360,22 +410,13 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
             done, _ = await asyncio.wait(waiting, timeout=min(max(due - now, 0.001), MAX_WAIT),
                                          return_when=asyncio.FIRST_COMPLETED)
             if receiving is not None and receiving in done:
-                try:
-                    events = receiving.result()
-                except Exception as e:
-                    reporter.error(f"uevents: {type(e).__name__}: {e}; checking every "
-                                   f"{interval:g} s only")
-                    listener.close()
-                    listener = receiving = None
-                    burst.event(time.monotonic())   # what was missed: checked
-                    continue
-                if any(wanted(e) for e in events):
-                    burst.event(time.monotonic())
-                receiving = asyncio.ensure_future(listener.next())
+                burst.event(time.monotonic())
+                receiving = asyncio.ensure_future(listener.wait())
     finally:
         for t in (stopping, receiving):
             if t is not None:
                 t.cancel()
         if listener is not None:
+            report_dropped()
             listener.close()
     return 0
