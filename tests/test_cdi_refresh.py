@@ -81,6 +81,20 @@ def test_refresh_after_a_gpu_went_drops_it(tmp_path, config, host):
     assert cdi_validate.validate_file(str(out)) == []
 
 
+def test_refresh_on_a_host_without_gpus_removes_the_spec(tmp_path, config, host):
+    """No CDI spec can list no device (nvidia-ctk cdi generate fails on such a host);
+    the old one would hand containers GPUs that are gone: it is removed, and said so."""
+    out = tmp_path / "nvidia.yaml"
+    assert refresh(config, host, out).returncode == 0
+    for minor in range(8):
+        GpuAway(host, minor, tmp_path)
+    r = refresh(config, host, out)
+    one_error(r, "no GPUs found: a CDI spec needs at least one device", f"; removed {out}")
+    assert not out.exists()
+    r = refresh(config, host, out)      # nothing to remove: the cause alone
+    assert (r.returncode, r.stderr) == (1, "nvhook: no GPUs found: a CDI spec needs at least one device\n")
+
+
 def test_refresh_rewarms_the_discovery_snapshot(tmp_path, config, host):
     """After a change, the snapshot discovery left is the one for the host as it is now."""
     from libinject import config as C
@@ -168,6 +182,20 @@ def test_watch_lists_a_gpu_again_once_it_is_back(tmp_path, host, watch):
     away.back()
     w.wait_until(lambda: uuid in device_names(out), "GPU 3 listed again", DEADLINE)
     assert w.lines() == [f"updated {out}"] * 3
+
+
+def test_watch_removes_the_spec_when_no_gpu_is_left_and_writes_it_again(tmp_path, host, watch):
+    out = tmp_path / "nvidia.yaml"
+    w = watch("--interval", "0.2")
+    away = [GpuAway(host, minor, tmp_path) for minor in range(8)]
+    w.wait_until(lambda: not out.exists(), "the spec removed", DEADLINE)
+    time.sleep(1)                       # several checks: the line stays one
+    assert w.stderr() == ("nvhook: no GPUs found: a CDI spec needs at least one device; "
+                          f"removed {out}\n")
+    away[3].back()
+    w.wait_until(out.exists, "the spec written again", DEADLINE)
+    assert device_names(out) == ["0", uuid_of(host, 3), "all"]     # the only GPU: index 0
+    assert w.lines() == [f"updated {out}"] * 2
 
 
 def test_watch_stops_cleanly_on_sigterm(tmp_path, watch):

@@ -78,6 +78,11 @@ def default_hook_path() -> str:
     raise NvhookError("cannot find nvhook-hook (the isolated front) for CDI hooks (use --hook-path)")
 
 
+class NoDevices(NvhookError):
+    """The host has nothing this mode makes a device of: no spec can be made (a CDI
+    spec needs at least one device; nvidia-ctk cdi generate fails there too)."""
+
+
 @record(frozen=True)
 class HookOptions:
     path: str                                  # absolute path of nvhook-hook (the front)
@@ -346,7 +351,7 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     if want_none:
         out.append({"name": NONE_DEVICE, "containerEdits": none_edits(base, hook)})
     if not out:
-        raise NvhookError("no GPUs found: a CDI spec needs at least one device")
+        raise NoDevices("no GPUs found: a CDI spec needs at least one device")
     return _spec(vendor, cls, out, to_cdi(base, hook, env=SPEC_ENV, procfs=True))
 
 
@@ -373,7 +378,7 @@ def _imex_spec(driver, plan, vendor: str, cls: str, hook: HookOptions,
              if d.kind == "imex"]
     if not nodes:
         root = driver.dev_root or driver.root
-        raise NvhookError(f"no IMEX channels found ({os.path.join(root, 'dev/nvidia-caps-imex-channels')}"
+        raise NoDevices(f"no IMEX channels found ({os.path.join(root, 'dev/nvidia-caps-imex-channels')}"
                           "/channel*): a CDI spec needs at least one device")
     out = [{"name": d.path.rsplit("channel", 1)[1],
             "containerEdits": to_cdi(ContainerEdits(device_nodes=(d,)), hook)} for d in nodes]
@@ -401,7 +406,7 @@ def _mig_caps_spec(driver, plan, vendor: str, cls: str, hook: HookOptions,
             nodes += mine
             out.append({"name": key, "containerEdits": to_cdi(ContainerEdits(device_nodes=mine), hook)})
     if not out:
-        raise NvhookError("no MIG capability devices (config, monitor): "
+        raise NoDevices("no MIG capability devices (config, monitor): "
                           "the host is not MIG capable")
     return _spec(vendor, cls, _with_all(out, nodes, hook, all_device), {"env": list(SPEC_ENV)})
 

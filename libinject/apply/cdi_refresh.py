@@ -263,6 +263,16 @@ class Refresher:
                 break
         return driver
 
+    def _remove(self) -> bool:
+        """Remove the spec file; False if there was none."""
+        try:
+            os.unlink(self.output)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise NvhookError(f"cannot remove {self.output}: {e.strerror}") from None
+        return True
+
     def fingerprint(self) -> str:
         """Discovery's fingerprint of the host now, with the inputs discovery uses
         (libinject.discover.driver.discover): equal while its answer cannot have changed."""
@@ -280,11 +290,20 @@ class Refresher:
     def refresh(self) -> bool:
         """Discover (through the snapshot, which this re-warms), render, and write the
         spec if its bytes differ from the file's. True if written. NvhookError on failure
-        (nothing written then). Sets made_at (see discover_steady)."""
+        (nothing written then); cdi.NoDevices when the host has no device for the spec,
+        the file removed then (its message says so when there was one). Sets made_at
+        (see discover_steady)."""
         from libinject.apply import cdi
 
         driver = self.discover_steady()
-        data = self.render(driver).encode()
+        try:
+            data = self.render(driver).encode()
+        except cdi.NoDevices as e:
+            # A spec naming devices that are gone would be handed to containers (and
+            # no spec can say "none"): the file goes.
+            if self._remove():
+                raise cdi.NoDevices(f"{e}; removed {self.output}") from None
+            raise
         if _read_existing(self.output, MAX_SPEC_BYTES) == data:
             return False
         cdi.write_atomic(self.output, data.decode())
@@ -351,6 +370,8 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
     import asyncio
     import signal
 
+    from libinject.apply import cdi
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -385,6 +406,8 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
             changed = refresher.refresh()
         except NvhookError as e:
             reporter.error(e)
+            if isinstance(e, cdi.NoDevices):
+                current = refresher.made_at     # no spec is what this host state makes
             return
         except Exception as e:  # a bug: one line, and the watch goes on
             reporter.error(f"internal error: {type(e).__name__}: {e}")
