@@ -4,6 +4,7 @@ test_shim.py and test_equivalence.py."""
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import stat
@@ -263,6 +264,114 @@ def test_validate_unparsable_and_yaml(tmp_path):
     r = run([NVHOOK, "cdi", "validate", str(ok), str(bad)])
     assert r.returncode == 1
     assert f"{ok}: ok" in r.stdout and f"{bad}: CDI spec {bad} does not parse" in r.stdout
+
+
+# Every field the CDI schema knows (and fileMode, which it misses), once each.
+_EDITS = {
+    "env": ["A=1"],
+    "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0", "type": "c", "major": 195,
+                     "minor": 0, "fileMode": 438, "permissions": "rw", "uid": 0, "gid": 0}],
+    "mounts": [{"hostPath": "/a", "containerPath": "/b", "type": "bind", "options": ["ro"]}],
+    "hooks": [{"hookName": "createContainer", "path": "/bin/true", "args": ["true"], "env": ["P=1"],
+               "timeout": 5}],
+    "intelRdt": {"closID": "c", "l3CacheSchema": "L3:0=f", "memBwSchema": "MB:0=100",
+                 "schemata": ["x"], "enableMonitoring": True},
+    "additionalGids": [5],
+    "netDevices": [{"hostInterfaceName": "eth0", "name": "eth1"}],
+}
+FULL = {"cdiVersion": "1.1.0", "kind": "nvidia.com/gpu", "annotations": {"a": "b"},
+        "devices": [{"name": "0", "annotations": {"c": "d"}, "containerEdits": copy.deepcopy(_EDITS)}],
+        "containerEdits": _EDITS}
+# A value of each type a JSON or YAML spec can hold (YAML: dates, bytes); not null,
+# which the Go loader takes as absent where the schema does not say.
+WRONG = [1.5, True, 7, "x", [], [1.5], {"k": "v"}, datetime.date(2020, 1, 1), b"x"]
+
+
+def _fields(obj, path=()):
+    """(path, value) of every field and list item under obj."""
+    for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
+        yield (*path, k), v
+        if isinstance(v, (dict, list)):
+            yield from _fields(v, (*path, k))
+
+
+def _schema_fields() -> set[str]:
+    from libinject.apply.cdi_validate import schema_files
+
+    names: set[str] = set()
+    todo = list(schema_files().values())
+    while todo:
+        o = todo.pop()
+        if isinstance(o, dict):
+            names |= set(o.get("properties", {}))
+            todo += o.values()
+        elif isinstance(o, list):
+            todo += o
+    return names
+
+
+def _wrong_type(value, other) -> bool:
+    same = {bool: (bool,), int: (int,), float: (float, int), str: (str,), list: (list,), dict: (dict,)}
+    return not isinstance(other, same[type(value)]) or isinstance(other, bool) != isinstance(value, bool)
+
+
+def test_validate_every_wrongly_typed_field_is_one_problem_naming_it():
+    """Each field of the schema given each wrong type: one problem, naming the field,
+    never an exception (was: TypeError from a check that iterated a non-list)."""
+    from libinject.apply.cdi_validate import validate
+
+    assert validate(FULL) == []
+    fields = list(_fields(FULL))
+    names = {p[-1] for p, _ in fields if isinstance(p[-1], str) and p[-2:-1] != ("annotations",)}
+    assert names == _schema_fields() | {"fileMode"}
+    tried = 0
+    for path, value in fields:
+        for w in WRONG:
+            if not _wrong_type(value, w):
+                continue
+            spec = copy.deepcopy(FULL)
+            at = spec
+            for k in path[:-1]:
+                at = at[k]
+            at[path[-1]] = w
+            problems = validate(spec)
+            where = "/".join(map(str, path))
+            parent = "/".join(map(str, path[:-1]))
+            assert len(problems) == 1 and (where in problems[0] or (
+                f"{parent}:" in problems[0] and str(path[-1]) in problems[0])), (where, w, problems)
+            tried += 1
+    assert tried > 400
+
+
+def test_validate_annotation_keys_that_are_not_strings():
+    """YAML allows them; the schema's patternProperties raised TypeError on them."""
+    from libinject.apply.cdi_validate import validate
+
+    spec = copy.deepcopy(FULL)
+    spec["devices"][0]["annotations"] = {1: "x"}
+    assert validate(spec) == ["devices/0/annotations: key 1 is not a string"]
+
+
+@pytest.mark.parametrize("edits,where,problem", [
+    ("deviceNodes: 1.5", "deviceNodes", "1.5 is not of type 'array'"),
+    ("hooks: true", "hooks", "True is not of type 'array'"),
+    ("mounts: 7", "mounts", "7 is not of type 'array'"),
+    ("netDevices: x", "netDevices", "'x' is not of type 'array'"),
+    ("env: 2020-01-01", "env", "datetime.date(2020, 1, 1) is not of type 'array'"),
+])
+def test_validate_and_list_name_a_wrongly_typed_field(tmp_path, edits, where, problem):
+    """`cdi validate`: one problem line naming file and field, exit 1; `cdi list`: one
+    `nvhook: ` line naming them, exit 1 (both were `internal error: TypeError`)."""
+    d = tmp_path / "cdi"
+    d.mkdir()
+    f = d / "bad.yaml"
+    f.write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n'
+                 f'  containerEdits:\n    {edits}\n')
+    line = f"{f}: schema: devices/0/containerEdits/{where}: {problem}"
+    r = run([NVHOOK, "cdi", "validate", str(f)])
+    assert (r.returncode, r.stdout, r.stderr) == (1, line + "\n", "")
+    r = run([NVHOOK, "cdi", "list", "--spec-dir", str(d)])
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"nvhook: {line}\n")
 
 
 # --- list -------------------------------------------------------------------------------

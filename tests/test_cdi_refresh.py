@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import pytest
 from conftest import NVHOOK, REPO, run
 from libinject.constants import SAFE_PATH
 from support import hookenv
-from support.cdi_refresh import GpuAway, Watch, device_names, uuid_of, write_config
+from support.cdi_refresh import GpuAway, Watch, device_names, gpu_entry, uuid_of, write_config
 from support.cli import one_error
 
 UNIT = REPO / "contrib" / "nvhook-cdi-refresh.service"
@@ -76,6 +79,20 @@ def test_refresh_after_a_gpu_went_drops_it(tmp_path, config, host):
     names = device_names(out)
     assert "7" not in names and gone not in names and len(names) == 2 * 7 + 1
     assert cdi_validate.validate_file(str(out)) == []
+
+
+def test_refresh_on_a_host_without_gpus_removes_the_spec(tmp_path, config, host):
+    """No CDI spec can list no device (nvidia-ctk cdi generate fails on such a host);
+    the old one would hand containers GPUs that are gone: it is removed, and said so."""
+    out = tmp_path / "nvidia.yaml"
+    assert refresh(config, host, out).returncode == 0
+    for minor in range(8):
+        GpuAway(host, minor, tmp_path)
+    r = refresh(config, host, out)
+    one_error(r, "no GPUs found: a CDI spec needs at least one device", f"; removed {out}")
+    assert not out.exists()
+    r = refresh(config, host, out)      # nothing to remove: the cause alone
+    assert (r.returncode, r.stderr) == (1, "nvhook: no GPUs found: a CDI spec needs at least one device\n")
 
 
 def test_refresh_rewarms_the_discovery_snapshot(tmp_path, config, host):
@@ -167,6 +184,20 @@ def test_watch_lists_a_gpu_again_once_it_is_back(tmp_path, host, watch):
     assert w.lines() == [f"updated {out}"] * 3
 
 
+def test_watch_removes_the_spec_when_no_gpu_is_left_and_writes_it_again(tmp_path, host, watch):
+    out = tmp_path / "nvidia.yaml"
+    w = watch("--interval", "0.2")
+    away = [GpuAway(host, minor, tmp_path) for minor in range(8)]
+    w.wait_until(lambda: not out.exists(), "the spec removed", DEADLINE)
+    time.sleep(1)                       # several checks: the line stays one
+    assert w.stderr() == ("nvhook: no GPUs found: a CDI spec needs at least one device; "
+                          f"removed {out}\n")
+    away[3].back()
+    w.wait_until(out.exists, "the spec written again", DEADLINE)
+    assert device_names(out) == ["0", uuid_of(host, 3), "all"]     # the only GPU: index 0
+    assert w.lines() == [f"updated {out}"] * 2
+
+
 def test_watch_stops_cleanly_on_sigterm(tmp_path, watch):
     w = watch("--interval", "0.5")
     t0 = time.monotonic()
@@ -217,6 +248,61 @@ def test_watch_keeps_an_unchanged_spec_untouched(tmp_path, config, host, watch):
         [f"unchanged {out}"], before.st_ino, before.st_mtime_ns)
 
 
+def _spec_of(driver) -> str:
+    from libinject.apply import cdi
+
+    return cdi.dump(cdi.generate(driver, hook=cdi.HookOptions(path="/usr/bin/nvhook-hook")), "yaml")
+
+
+def test_watch_rewrites_a_spec_made_while_a_gpu_blipped(tmp_path, config, host):
+    """GPU 7 goes after the watcher fingerprinted the host and before discovery reads it,
+    and is back (the host as it was) once that spec is written: the next check rewrites
+    the spec with it. Was: the fingerprint from before discovery was remembered, every
+    later one equalled it, and the spec lacked GPU 7 for good. In process, so the blip
+    is placed exactly; the watch stops itself (SIGTERM) at its 12th fingerprint."""
+    from libinject import config as C
+    from libinject.apply import cdi_refresh
+
+    out = tmp_path / "nvidia.yaml"
+    entry, uuid = gpu_entry(host, 7), uuid_of(host, 7)
+    aside = tmp_path / entry.name
+    options = C.load(str(config)).discover_options(root=str(host))
+    blips = []
+
+    class Blipping:
+        """The options, whose first discovery finds GPU 7's procfs entry moved aside."""
+        def __getattr__(self, name):
+            return getattr(options, name)
+
+        def discover(self, log=None):
+            if not blips:
+                entry.rename(aside)
+                blips.append("went")
+            return options.discover(log=log)
+
+    class Counted(cdi_refresh.Refresher):
+        calls = 0
+
+        def fingerprint(self) -> str:
+            Counted.calls += 1
+            if Counted.calls == 12:
+                os.kill(os.getpid(), signal.SIGTERM)   # the watch's own handler: it stops
+            return super().fingerprint()
+
+    lines = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if blips == ["went"]:
+            aside.rename(entry)         # the same contents back: the host as it was
+            blips.append("back")
+
+    code = cdi_refresh.watch(Counted(str(out), Blipping(), _spec_of), interval=0.01, uevents=False,
+                             say=say, stderr=sys.stderr)
+    assert (code, blips, lines) == (0, ["went", "back"], [f"updated {out}"] * 2)
+    assert device_names(out) == expected_names(host, range(8))
+
+
 # -- the uevent path: a real kernel uevent, an interval that never comes -----------------------
 
 def _pci_uevent_file() -> str | None:
@@ -258,6 +344,52 @@ def test_without_uevents_the_same_trigger_changes_nothing(tmp_path, host, watch)
     trigger(PCI_UEVENT)
     time.sleep(2)
     assert gone in device_names(out) and w.lines() == [f"updated {out}"]
+
+
+NETLINK_KOBJECT_UEVENT = 15
+
+
+def _uevent_port(pid: int) -> int:
+    """The netlink port id of the uevent socket that process `pid` (or a child) holds."""
+    inodes = set()
+    for p in [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
+        for fd in Path(f"/proc/{p}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = [int(f[2]) for f in (l.split() for l in Path("/proc/net/netlink").read_text().splitlines()[1:])
+             if int(f[1]) == NETLINK_KOBJECT_UEVENT and f[-1] in inodes]
+    assert len(ports) == 1, ports
+    return ports[0]
+
+
+# What a CAP_NET_ADMIN process of the host's network namespace can send to the listener:
+# shorter than a netlink header (pyroute2 raised in its callback: a traceback each), a
+# head that is not UTF-8 (pyroute2 raised in the listener: uevents were off for good),
+# and a well-formed uevent that is not the kernel's.
+HOSTILE = [b"x", b"abc", b"x" * 11, b"\xff\xfe@/devices/pci0000:00\0SUBSYSTEM=pci\0",
+           b"change@/devices/pci0000:00/0000:00:07.0\0ACTION=change\0SUBSYSTEM=pci\0"]
+
+
+@pytest.mark.skipif(PCI_UEVENT is None, reason="no PCI device whose uevent can be triggered")
+def test_datagrams_that_are_not_kernel_uevents_are_dropped_and_counted(tmp_path, host, watch):
+    """Sent for real to the watcher's uevent socket from the host's network namespace:
+    no traceback, one line with the count, and a real uevent after them still brings
+    a prompt refresh."""
+    out = tmp_path / "nvidia.yaml"
+    w = watch("--interval", "3600", "--debounce", "0.2")
+    port = _uevent_port(w.proc.pid)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) as s:
+        s.bind((0, 0))
+        for data in HOSTILE:
+            s.sendto(data, (port, 0))
+    gone = uuid_of(host, 5)
+    GpuAway(host, 5, tmp_path)
+    trigger(PCI_UEVENT)
+    w.wait_until(lambda: gone not in device_names(out), "refreshed after the uevent", DEADLINE)
+    assert w.stop() == 0
+    assert w.stderr() == f"nvhook: uevents: dropped {len(HOSTILE)} datagram(s) so far that were not kernel uevents\n"
+    assert w.out.decode().splitlines() == [f"updated {out}"] * 2
 
 
 # -- the filter and the debounce, on their own -----------------------------------------------

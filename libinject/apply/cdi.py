@@ -78,6 +78,11 @@ def default_hook_path() -> str:
     raise NvhookError("cannot find nvhook-hook (the isolated front) for CDI hooks (use --hook-path)")
 
 
+class NoDevices(NvhookError):
+    """The host has nothing this mode makes a device of: no spec can be made (a CDI
+    spec needs at least one device; nvidia-ctk cdi generate fails there too)."""
+
+
 @record(frozen=True)
 class HookOptions:
     path: str                                  # absolute path of nvhook-hook (the front)
@@ -346,7 +351,7 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     if want_none:
         out.append({"name": NONE_DEVICE, "containerEdits": none_edits(base, hook)})
     if not out:
-        raise NvhookError("no GPUs found: a CDI spec needs at least one device")
+        raise NoDevices("no GPUs found: a CDI spec needs at least one device")
     return _spec(vendor, cls, out, to_cdi(base, hook, env=SPEC_ENV, procfs=True))
 
 
@@ -373,7 +378,7 @@ def _imex_spec(driver, plan, vendor: str, cls: str, hook: HookOptions,
              if d.kind == "imex"]
     if not nodes:
         root = driver.dev_root or driver.root
-        raise NvhookError(f"no IMEX channels found ({os.path.join(root, 'dev/nvidia-caps-imex-channels')}"
+        raise NoDevices(f"no IMEX channels found ({os.path.join(root, 'dev/nvidia-caps-imex-channels')}"
                           "/channel*): a CDI spec needs at least one device")
     out = [{"name": d.path.rsplit("channel", 1)[1],
             "containerEdits": to_cdi(ContainerEdits(device_nodes=(d,)), hook)} for d in nodes]
@@ -401,16 +406,22 @@ def _mig_caps_spec(driver, plan, vendor: str, cls: str, hook: HookOptions,
             nodes += mine
             out.append({"name": key, "containerEdits": to_cdi(ContainerEdits(device_nodes=mine), hook)})
     if not out:
-        raise NvhookError("no MIG capability devices (config, monitor): "
+        raise NoDevices("no MIG capability devices (config, monitor): "
                           "the host is not MIG capable")
     return _spec(vendor, cls, _with_all(out, nodes, hook, all_device), {"env": list(SPEC_ENV)})
 
 
 # --- versions and names ------------------------------------------------------------------
 
+def _items(v: Any) -> list:
+    """A field that should be a list, if it is one (a spec being validated may say
+    anything: its wrong types are the schema's to report)."""
+    return v if isinstance(v, list) else []
+
+
 def _edits_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
     out = [spec.get("containerEdits") or {}]
-    for d in spec.get("devices") or ():
+    for d in _items(spec.get("devices")):
         if isinstance(d, dict):
             out.append(d.get("containerEdits") or {})
     return [e for e in out if isinstance(e, dict)]
@@ -419,20 +430,21 @@ def _edits_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def minimum_version(spec: dict[str, Any]) -> str:
     """The lowest cdiVersion whose fields cover the spec (specs-go/version.go)."""
     edits = _edits_of(spec)
-    devices = [d for d in spec.get("devices") or () if isinstance(d, dict)]
-    if any(e.get("netDevices") for e in edits):
+    devices = [d for d in _items(spec.get("devices")) if isinstance(d, dict)]
+    if any(_items(e.get("netDevices")) for e in edits):
         return "1.1.0"
-    if any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits):
+    if any(isinstance(e.get("intelRdt"), dict) or _items(e.get("additionalGids")) for e in edits):
         return "0.7.0"
     _, cls = parse_qualifier(str(spec.get("kind", "")))
-    if spec.get("annotations") or any(d.get("annotations") for d in devices) or "." in cls:
+    if any(isinstance(o.get("annotations"), dict) and o["annotations"] for o in [spec, *devices]) \
+            or "." in cls:
         return "0.6.0"
     # v0.5.0 allowed device names that start with a digit.
     if any(str(d.get("name", ""))[:1] and not _is_letter(str(d.get("name"))[0]) for d in devices):
         return "0.5.0"
-    if any(isinstance(n, dict) and n.get("hostPath") for e in edits for n in e.get("deviceNodes") or ()):
+    if any(isinstance(n, dict) and n.get("hostPath") for e in edits for n in _items(e.get("deviceNodes"))):
         return "0.5.0"
-    if any(isinstance(m, dict) and m.get("type") for e in edits for m in e.get("mounts") or ()):
+    if any(isinstance(m, dict) and m.get("type") for e in edits for m in _items(e.get("mounts"))):
         return "0.4.0"
     return "0.3.0"
 

@@ -11,7 +11,8 @@ no event.
 
 watch() keeps it current: it rechecks the discovery fingerprint (snapshot.fingerprint,
 the digest of every host input discovery's answer depends on) and refreshes when it
-changed,
+differs from the one the spec was made at (taken before and after discovery, and equal:
+Refresher.discover_steady),
   - shortly after kernel uevents that may mean a change (a netlink
     NETLINK_KOBJECT_UEVENT socket through pyroute2, kernel multicast group only):
     an nvidia* kernel module loaded or removed, any PCI or DRM device event (rare on
@@ -21,8 +22,10 @@ changed,
   - and every `interval` s regardless: not every change comes with a uevent (the
     /dev/nvidia* nodes are made by nvidia-modprobe, not by the kernel; a simulated
     host produces none at all; a lost event: the socket buffer overflowed).
-A uevent is only a hint (only the kernel sends to its group, but nothing rests on
-that): the fingerprint decides. Errors
+A uevent is only a hint: the fingerprint decides. Only the kernel's count (sender port
+id 0); any other datagram (a CAP_NET_ADMIN process of the host's network namespace can
+send one) is dropped and counted, the count reported (one line when it changed, at
+most once a check). Errors
 while watching are reported as one `nvhook: ` line (once until the message changes)
 and the watch goes on: a driver that is not loaded yet at boot is what it waits for.
 SIGTERM or SIGINT stops it (after the refresh in progress, bounded by discovery's
@@ -51,6 +54,7 @@ MODULES = frozenset(("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nv
 SUBSYSTEMS = frozenset(("pci", "drm"))
 MAX_SPEC_BYTES = 64 << 20
 MAX_WAIT = 3600.0                               # seconds: the longest single wait (then rechecked)
+STEADY_TRIES = 3                                # discoveries per refresh while the host changes under it
 
 
 # ----------------------------------------------------------------------------- uevents
@@ -106,19 +110,21 @@ class Debounce:
         return True
 
 
-def _event_of(msg: Any) -> dict[str, str] | None:
-    """A pyroute2 uevent message as parse_uevent's dict (kernel messages only)."""
-    head = (msg.get("header") or {}).get("message", "")
-    if not isinstance(head, str) or "@" not in head or head.startswith("libudev"):
-        return None
-    return {k: v for k, v in msg.items() if isinstance(k, str) and isinstance(v, str)}
-
-
 class Uevents:
-    """The kernel's uevents, through pyroute2's asyncio netlink socket."""
+    """The kernel's uevents, through pyroute2's asyncio netlink socket: wait() returns
+    once a wanted one came. Each datagram is judged in pyroute2's receive callback,
+    before its own parsing (which raises there on a datagram shorter than a netlink
+    header, or a head that is not UTF-8: a traceback each, or a dead listener): one
+    not from the kernel (sender port id 0: no other socket can have it) or not a
+    uevent is dropped and counted in `dropped`. Sending to this socket at all needs
+    CAP_NET_ADMIN in its network namespace (the kernel's rule for this family)."""
 
     def __init__(self, sock: Any) -> None:
+        import asyncio
+
         self.sock = sock
+        self.dropped = 0
+        self._hint = asyncio.Event()
 
     @classmethod
     async def open(cls) -> Uevents:
@@ -128,8 +134,17 @@ class Uevents:
         except ImportError as e:
             raise NvhookError(f"cannot listen to uevents: pyroute2 is not installed "
                               f"(the nvhook[refresh] extra): {e}") from None
+
+        listener: Uevents | None = None
+
+        class Socket(AsyncUeventSocket):
+            def enqueue(self, data: bytes, addr: Any) -> None:     # every datagram
+                if listener is not None:
+                    listener.datagram(data, addr)
+
         try:
-            sock = AsyncUeventSocket()
+            sock = Socket()
+            listener = cls(sock)
             try:
                 await sock.bind(groups=KERNEL_GROUP)
             except BaseException:
@@ -137,11 +152,28 @@ class Uevents:
                 raise
         except OSError as e:
             raise NvhookError(f"cannot listen to uevents: {e.strerror or e}") from None
-        return cls(sock)
+        return listener
 
-    async def next(self) -> list[dict[str, str]]:
-        """The events of the next datagram (waits: the caller bounds it)."""
-        return [e for m in [m async for m in self.sock.get()] if (e := _event_of(m)) is not None]
+    def datagram(self, data: Any, addr: Any) -> None:
+        """One datagram (runs in pyroute2's callback: never raises)."""
+        try:
+            if addr is None:
+                # pyroute2's own note of a socket error (ENOBUFS: the buffer overflowed):
+                # events may have been lost, so look.
+                self._hint.set()
+                return
+            event = parse_uevent(bytes(data)) if addr[0] == 0 else None
+        except Exception:
+            event = None
+        if event is None:
+            self.dropped += 1
+        elif wanted(event):
+            self._hint.set()
+
+    async def wait(self) -> None:
+        """Until a wanted uevent came since the last return (the caller bounds it)."""
+        await self._hint.wait()
+        self._hint.clear()
 
     def close(self) -> None:
         try:
@@ -212,6 +244,34 @@ class Refresher:
         self.render = render
         self.log = log
         self._watch_dirs: list[str] | None = None
+        self.made_at: str | None = None     # fingerprint the last refresh's spec is of
+
+    def discover_steady(self) -> Any:
+        """The Driver, and self.made_at: the fingerprint of the host state it describes.
+        The host is fingerprinted before and after discovering: equal, nothing discovery
+        reads changed meanwhile (a fingerprint taken only before would be remembered for
+        a spec made from a later state: a GPU that went between the two and came back
+        later would leave every later fingerprint equal to it, and the spec without the
+        GPU). Unequal, discovery runs again, up to STEADY_TRIES times; a host that never
+        holds still leaves made_at None, so the next check discovers again."""
+        self.made_at = None
+        for _ in range(STEADY_TRIES):
+            before = self.fingerprint()
+            driver = self.options.discover(log=self.log)
+            if self.fingerprint() == before:
+                self.made_at = before
+                break
+        return driver
+
+    def _remove(self) -> bool:
+        """Remove the spec file; False if there was none."""
+        try:
+            os.unlink(self.output)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise NvhookError(f"cannot remove {self.output}: {e.strerror}") from None
+        return True
 
     def fingerprint(self) -> str:
         """Discovery's fingerprint of the host now, with the inputs discovery uses
@@ -230,11 +290,20 @@ class Refresher:
     def refresh(self) -> bool:
         """Discover (through the snapshot, which this re-warms), render, and write the
         spec if its bytes differ from the file's. True if written. NvhookError on failure
-        (nothing written then)."""
+        (nothing written then); cdi.NoDevices when the host has no device for the spec,
+        the file removed then (its message says so when there was one). Sets made_at
+        (see discover_steady)."""
         from libinject.apply import cdi
 
-        driver = self.options.discover(log=self.log)
-        data = self.render(driver).encode()
+        driver = self.discover_steady()
+        try:
+            data = self.render(driver).encode()
+        except cdi.NoDevices as e:
+            # A spec naming devices that are gone would be handed to containers (and
+            # no spec can say "none"): the file goes.
+            if self._remove():
+                raise cdi.NoDevices(f"{e}; removed {self.output}") from None
+            raise
         if _read_existing(self.output, MAX_SPEC_BYTES) == data:
             return False
         cdi.write_atomic(self.output, data.decode())
@@ -272,6 +341,14 @@ class _Reporter:
     def ok(self) -> None:
         self.last = ""
 
+    def note(self, message: str) -> None:
+        """A line outside the error dedup (its caller limits how often)."""
+        try:
+            self.stream.write(error_line(message))
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
 
 def watch(refresher: Refresher, *, interval: float = DEFAULT_INTERVAL,
           debounce: float = DEFAULT_DEBOUNCE, uevents: bool = True,
@@ -293,6 +370,8 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
     import asyncio
     import signal
 
+    from libinject.apply import cdi
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -307,28 +386,41 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
     burst = Debounce(debounce)
     current: str | None = None      # fingerprint the spec was last made at
 
+    dropped = 0                     # the listener's count, as last reported
+
+    def report_dropped() -> None:
+        # One line when the count changed, at most once a check: a sender cannot flood
+        # the log, and the administrator still learns that something sends here.
+        nonlocal dropped
+        if listener is not None and listener.dropped != dropped:
+            dropped = listener.dropped
+            reporter.note(f"uevents: dropped {dropped} datagram(s) so far that were not "
+                          "kernel uevents")
+
     def check(first: bool = False) -> None:
         nonlocal current
+        report_dropped()
         try:
-            fp = refresher.fingerprint()    # before discovering: a change meanwhile is seen next time
-            if fp == current:
+            if refresher.fingerprint() == current:
                 return
             changed = refresher.refresh()
         except NvhookError as e:
             reporter.error(e)
+            if isinstance(e, cdi.NoDevices):
+                current = refresher.made_at     # no spec is what this host state makes
             return
         except Exception as e:  # a bug: one line, and the watch goes on
             reporter.error(f"internal error: {type(e).__name__}: {e}")
             return
         reporter.ok()
-        current = fp
+        current = refresher.made_at     # what the spec was made from, not what was seen before
         if changed or first:
             say(f"{'updated' if changed else 'unchanged'} {refresher.output}")
 
     check(first=True)
     poll_at = time.monotonic() + interval
     stopping = asyncio.ensure_future(stop.wait())
-    receiving = asyncio.ensure_future(listener.next()) if listener else None
+    receiving = asyncio.ensure_future(listener.wait()) if listener else None
     try:
         while not stop.is_set():
             now = time.monotonic()
@@ -341,22 +433,13 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
             done, _ = await asyncio.wait(waiting, timeout=min(max(due - now, 0.001), MAX_WAIT),
                                          return_when=asyncio.FIRST_COMPLETED)
             if receiving is not None and receiving in done:
-                try:
-                    events = receiving.result()
-                except Exception as e:
-                    reporter.error(f"uevents: {type(e).__name__}: {e}; checking every "
-                                   f"{interval:g} s only")
-                    listener.close()
-                    listener = receiving = None
-                    burst.event(time.monotonic())   # what was missed: checked
-                    continue
-                if any(wanted(e) for e in events):
-                    burst.event(time.monotonic())
-                receiving = asyncio.ensure_future(listener.next())
+                burst.event(time.monotonic())
+                receiving = asyncio.ensure_future(listener.wait())
     finally:
         for t in (stopping, receiving):
             if t is not None:
                 t.cancel()
         if listener is not None:
+            report_dropped()
             listener.close()
     return 0

@@ -59,9 +59,30 @@ def _validator():
     return Draft7Validator(files["schema.json"], registry=registry)
 
 
+def _string_keys(spec: Any) -> Any:
+    """The spec as the schema may see it: YAML allows keys that are not strings, and the
+    schema's patternProperties (annotations) would raise on them. Only annotation maps
+    are copied (with str() keys); semantic_errors reports such keys."""
+    if not isinstance(spec, dict):
+        return spec
+
+    def fixed(holder: dict) -> dict:
+        a = holder.get("annotations")
+        if isinstance(a, dict) and not all(isinstance(k, str) for k in a):
+            return {**holder, "annotations": {str(k): v for k, v in a.items()}}
+        return holder
+
+    spec = fixed(spec)
+    devices = spec.get("devices")
+    if isinstance(devices, list):
+        spec = {**spec, "devices": [fixed(d) if isinstance(d, dict) else d for d in devices]}
+    return spec
+
+
 def schema_errors(spec: Any) -> list[str]:
     out = []
-    for e in sorted(_validator().iter_errors(spec), key=lambda e: list(map(str, e.absolute_path))):
+    errors = _validator().iter_errors(_string_keys(spec))
+    for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path))):
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         out.append(f"schema: {where}: {e.message}")
     return out
@@ -74,13 +95,30 @@ def _unknown(obj: Any, kind: str, where: str, out: list[str]) -> None:
                 out.append(f"{where}: unknown field {k!r}")
 
 
-def _env(env: Any, where: str, out: list[str]) -> None:
-    if env is None:
-        return
-    if not isinstance(env, list):
-        return  # the schema reports it
-    for i, v in enumerate(env):
-        if not isinstance(v, str) or v.find("=") <= 0:
+def _list(v: Any) -> list:
+    """A field that should be a list, if it is one (a wrong type: the schema reports it)."""
+    return v if isinstance(v, list) else []
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _annotations(obj: dict, where: str, out: list[str]) -> None:
+    a = obj.get("annotations")
+    for k in a if isinstance(a, dict) else ():
+        if not isinstance(k, str):
+            out.append(f"{where}/annotations: key {k!r} is not a string")
+
+
+def _env(env: Any, where: str, out: list[str], typed: bool = False) -> None:
+    """typed: the schema checks these items' type (hooks' env); containerEdits' env it
+    does not (its items say "ref", not "$ref")."""
+    for i, v in enumerate(_list(env)):
+        if not isinstance(v, str):
+            if not typed:
+                out.append(f"{where}/env/{i}: invalid environment variable {repr(v)[:80]} (want NAME=value)")
+        elif v.find("=") <= 0:
             out.append(f"{where}/env/{i}: invalid environment variable {repr(v)[:80]} (want NAME=value)")
 
 
@@ -89,15 +127,17 @@ def _edits(e: Any, where: str, out: list[str]) -> None:
         return
     _unknown(e, "edits", where, out)
     _env(e.get("env"), where, out)
-    for i, n in enumerate(e.get("deviceNodes") or ()):
+    # Each check below looks only at values of the type the schema wants: a value of
+    # another type is the schema's one line, not a second one here (nor a TypeError).
+    for i, n in enumerate(_list(e.get("deviceNodes"))):
         w = f"{where}/deviceNodes/{i}"
         if not isinstance(n, dict):
             continue
         _unknown(n, "deviceNode", w, out)
-        if not n.get("path"):
+        if _str(n.get("path")) == "":
             out.append(f"{w}: empty device path")
-        t = n.get("type", "")
-        if t not in DEVICE_TYPES:
+        t = _str(n.get("type", ""))
+        if t is not None and t not in DEVICE_TYPES:
             out.append(f"{w}: invalid device type {t!r} (b, c, u or p)")
         for k in ("major", "minor"):
             v = n.get(k)
@@ -109,21 +149,22 @@ def _edits(e: Any, where: str, out: list[str]) -> None:
         p = n.get("permissions", "")
         if isinstance(p, str) and p not in ("", "none") and p.strip("rwm"):
             out.append(f"{w}: invalid permissions {p!r} (r, w, m or none)")
-    for i, m in enumerate(e.get("mounts") or ()):
+    for i, m in enumerate(_list(e.get("mounts"))):
         w = f"{where}/mounts/{i}"
         if not isinstance(m, dict):
             continue
         _unknown(m, "mount", w, out)
-        if not m.get("hostPath"):
+        if _str(m.get("hostPath")) == "":
             out.append(f"{w}: empty hostPath")
-        if not m.get("containerPath"):
+        if _str(m.get("containerPath")) == "":
             out.append(f"{w}: empty containerPath")
-    for i, h in enumerate(e.get("hooks") or ()):
+    for i, h in enumerate(_list(e.get("hooks"))):
         w = f"{where}/hooks/{i}"
         if not isinstance(h, dict):
             continue
         _unknown(h, "hook", w, out)
-        if h.get("hookName") not in OCI_HOOK_STAGES:
+        name = _str(h.get("hookName"))
+        if name is not None and name not in OCI_HOOK_STAGES:
             out.append(f"{w}: invalid hook name {h.get('hookName')!r} "
                        f"(one of {', '.join(OCI_HOOK_STAGES)})")
         path = h.get("path")
@@ -132,14 +173,20 @@ def _edits(e: Any, where: str, out: list[str]) -> None:
         t = h.get("timeout")
         if isinstance(t, int) and not isinstance(t, bool) and t <= 0:
             out.append(f"{w}: timeout must be greater than zero")
-        _env(h.get("env"), w, out)
+        _env(h.get("env"), w, out, typed=True)
     rdt = e.get("intelRdt")
     if rdt is not None:
         _unknown(rdt, "intelRdt", f"{where}/intelRdt", out)
-    for i, n in enumerate(e.get("netDevices") or ()):
+    for i, n in enumerate(_list(e.get("netDevices"))):
         _unknown(n, "netDevice", f"{where}/netDevices/{i}", out)
-        if isinstance(n, dict) and (not n.get("hostInterfaceName") or not n.get("name")):
+        if isinstance(n, dict) and "" in (_str(n.get("hostInterfaceName")), _str(n.get("name"))):
             out.append(f"{where}/netDevices/{i}: empty interface name")
+
+
+def _blank(v: Any) -> bool:
+    """An edits field that adds nothing (absent, or an empty list or object; a value of
+    a wrong type is not blank: the schema reports it)."""
+    return v is None or (isinstance(v, (list, dict)) and not v)
 
 
 def semantic_errors(spec: Any) -> list[str]:
@@ -148,6 +195,7 @@ def semantic_errors(spec: Any) -> list[str]:
     if not isinstance(spec, dict):
         return ["spec is not a mapping"]
     _unknown(spec, "spec", "(root)", out)
+    _annotations(spec, "(root)", out)
     version = spec.get("cdiVersion")
     kind = spec.get("kind")
     if isinstance(kind, str):
@@ -172,6 +220,7 @@ def semantic_errors(spec: Any) -> list[str]:
                 continue
             w = f"devices/{i}"
             _unknown(d, "device", w, out)
+            _annotations(d, w, out)
             name = d.get("name")
             if isinstance(name, str):
                 err = cdi.device_name_error(name)
@@ -181,7 +230,7 @@ def semantic_errors(spec: Any) -> list[str]:
                     out.append(f"{w}: duplicate device name {name!r}")
                 seen.add(name)
             edits = d.get("containerEdits")
-            if isinstance(edits, dict) and not any(edits.get(k) for k in FIELDS["edits"]):
+            if isinstance(edits, dict) and all(_blank(edits.get(k)) for k in FIELDS["edits"]):
                 out.append(f"{w}: empty device edits")
             _edits(edits, f"{w}/containerEdits", out)
     _edits(spec.get("containerEdits"), "containerEdits", out)
