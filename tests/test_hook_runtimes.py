@@ -9,6 +9,7 @@ create with nvhook's message.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,79 @@ def test_runc_create_container_v1_hostile_cgroup_mounts(tmp_path, hook_config, g
     out = r.stdout + r.stderr
     assert {n: (fake / n).read_text() for n in files} == files, out   # the fakes unchanged
     assert_only_gpu1(out, gpu_uuids)           # and the real cgroup was
+
+
+# -- mounts the spec puts in the rootfs: the container's own, or a host's ----------------
+# What the container sees of /run/nvidia-persistenced, then GPU 1 as PROBE checks it.
+SOCKET_PROBE = "ls -l /run/nvidia-persistenced/socket 2>&1 | cut -c1; " + PROBE
+
+
+def test_runc_tmpfs_on_run(tmp_path, hook_config, gpu_uuids):
+    """A tmpfs the spec mounts at /run (docker --tmpfs /run, ctr run's defaults, podman
+    --read-only): the container's own, so the persistenced socket is mounted there and
+    GPU 1 works (old code: `cannot create /run/nvidia-persistenced ...: refusing`)."""
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], SOCKET_PROBE) as c:
+        c.config["mounts"].append({"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+                                   "options": ["nosuid", "nodev", "mode=755"]})
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert r.stdout.splitlines()[0] == "s", r.stdout      # the socket, in the container's tmpfs
+
+
+def test_runc_host_volume_on_run(tmp_path, hook_config, gpu_uuids):
+    """A host directory bound at /run (a volume): nothing is written into it; the
+    optional persistenced socket is skipped (a log line) and GPU 1 works."""
+    vol = tmp_path / "hostrun"
+    vol.mkdir()
+    (vol / "keep").write_text("the host's\n")
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], SOCKET_PROBE) as c:
+        c.config["mounts"].append({"destination": "/run", "type": "bind", "source": str(vol),
+                                   "options": ["rbind", "rw"]})
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert r.stdout.splitlines()[0] == "l", r.stdout      # ls: cannot access...: skipped
+    assert sorted(p.name for p in vol.iterdir()) == ["keep"]
+    assert "skipped /run/nvidia-persistenced/socket: " in (tmp_path / "hook.log").read_text()
+
+
+def test_runc_tmpfs_on_proc_driver(tmp_path, hook_config, gpu_uuids):
+    """A tmpfs the spec mounts at /proc/driver (how a driver-less host, or another tool,
+    prepares it: `--tmpfs /proc/driver`): the procfs mask is made in it (old code:
+    refusing)."""
+    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"],
+                       "ls /proc/driver/nvidia/gpus; " + PROBE) as c:
+        c.config["mounts"].append({"destination": "/proc/driver", "type": "tmpfs",
+                                   "source": "tmpfs", "options": ["nosuid", "nodev"]})
+        r = c.run()
+    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+    assert len(r.stdout.splitlines()[0].split()) == 1, r.stdout    # GPU 1's bus dir only
+
+
+def test_podman_read_only_hooks_dir(tmp_path, podman, hooks_dir, rootfs, gpu_uuids):
+    """`podman run --read-only` with the hooks.d hook (podman adds tmpfs on /run, /tmp,
+    /var/tmp): the container starts with GPU 1 (old code: refusing /run)."""
+    r = podman.run(rootfs, ["sh", "-c", PODMAN_PROBE], hooks_dir=hooks_dir,
+                   env=["NVIDIA_VISIBLE_DEVICES=1"], extra=["--read-only"])
+    out = r.stdout + r.stderr
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [gpu_uuids[1]], out
+    assert "can't open '/dev/n1': No such device or address" in out, out
+
+
+def test_runc_host_tmpfs_volume_on_run_is_not_the_containers(tmp_path, hook_config, gpu_uuids):
+    """A host *tmpfs* bound at /run (the host's own /run given as a volume): a memory
+    file system, but its superblock is the host's (mounted in the hook's namespace), so
+    nothing is created in it: the socket is skipped, the host's tmpfs is unchanged."""
+    vol = tmp_path / "hosttmpfs"
+    vol.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(vol)], check=True)
+    try:
+        (vol / "keep").write_text("the host's\n")
+        with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], SOCKET_PROBE) as c:
+            c.config["mounts"].append({"destination": "/run", "type": "bind", "source": str(vol),
+                                       "options": ["rbind", "rw"]})
+            r = c.run()
+        assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+        assert r.stdout.splitlines()[0] == "l", r.stdout
+        assert sorted(p.name for p in vol.iterdir()) == ["keep"]
+    finally:
+        subprocess.run(["umount", "-l", str(vol)], check=True)

@@ -46,10 +46,11 @@ def state_dir(prefix: str = "pm") -> Iterator[Path]:
 
 
 def run_argv(hooks_dir: Path, rootfs: Path, cmd: Sequence[str], env: Sequence[str] = (),
-             annotations: dict[str, str] | None = None, devices: Sequence[str] = ()) -> list[str]:
+             annotations: dict[str, str] | None = None, devices: Sequence[str] = (),
+             extra: Sequence[str] = ()) -> list[str]:
     """`podman --hooks-dir D run --rm --rootfs ROOTFS:O CMD...` with --env, --annotation
-    and --device options."""
-    argv = [PODMAN, "--hooks-dir", str(hooks_dir), "run", "--rm", "--pull=never"]
+    and --device options (and `extra` run options, e.g. --read-only)."""
+    argv = [PODMAN, "--hooks-dir", str(hooks_dir), "run", "--rm", "--pull=never", *extra]
     for e in env:
         argv += ["--env", e]
     for k, v in (annotations or {}).items():
@@ -101,11 +102,12 @@ runroot = "{state}/runroot"
     def run(self, rootfs: Path, cmd: Sequence[str], *, hooks_dir: Path | None = None,
             cdi_specs: Path | None = None, env: Sequence[str] = (),
             annotations: dict[str, str] | None = None, devices: Sequence[str] = (),
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+            timeout: float = 120, extra: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
         """`podman run --rm --rootfs ROOTFS:O CMD...` (a throw-away overlay on rootfs).
         hooks_dir: its OCI hooks dir (default: an empty one); cdi_specs: the CDI spec dir
-        it sees as /etc/cdi; devices: --device values (CDI names with cdi_specs)."""
-        argv = run_argv(hooks_dir or self.state / "hooks", rootfs, cmd, env, annotations, devices)
+        it sees as /etc/cdi; devices: --device values (CDI names with cdi_specs); extra:
+        more run options."""
+        argv = run_argv(hooks_dir or self.state / "hooks", rootfs, cmd, env, annotations, devices, extra)
         if cdi_specs is not None:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", CDI_SH, "sh",
                     str(self.state), str(cdi_specs), *argv]
