@@ -179,3 +179,26 @@ def test_podman_driver_only_device(extra_setup):
                                      cdi_specs=specs, devices=["nvidia.com/gpu=none", "nvidia.com/gpu=2"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert open_verdicts(r.stdout) == {g.minor: ("ENXIO" if g.index == 2 else "EPERM") for g in gpus}
+
+
+def test_annotation_gated_hook_steps_aside_where_the_engine_applied_cdi(cdi_setup, tmp_path):
+    """CRI-O >= 1.23 applies `cdi.k8s.io/` annotations itself (podman with the spec in
+    /etc/cdi and --device stands in for it here); the annotation-gated hooks.d file then
+    fires too. The spec's NVIDIA_VISIBLE_DEVICES=void makes the hook step aside: GPU 1,
+    once, and the spec's own hooks run. Old code: the hook injected GPU 1 a second time
+    and the spec's mask-procfs hook failed the start."""
+    from libinject.runtime import hooksd
+    from support import hookenv
+
+    host, driver, specs, rootfs, base = cdi_setup
+    cfg = hookenv.write_config(tmp_path / "config.toml", host, log=tmp_path / "hook.log")
+    hooks = tmp_path / "hooks.d"
+    hooksd.install(str(hooks), "annotation", hookenv.ensure_front(), str(cfg))
+    minors = " ".join(str(g.minor) for g in driver.info.gpus)
+    r = Podman(base / "s-gated").run(rootfs, ["sh", "-c", PROBE.format(minors=minors)], hooks_dir=hooks,
+                                     cdi_specs=specs, devices=["nvidia.com/gpu=1"],
+                                     annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    listed = re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)$", r.stdout, re.M)
+    assert listed == [driver.info.gpus[1].uuid]
+    assert "NVIDIA_VISIBLE_DEVICES=void: nothing to do" in (tmp_path / "hook.log").read_text()

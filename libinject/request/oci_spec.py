@@ -194,6 +194,12 @@ def _requested(spec, env, config, privileged, say) -> tuple[tuple[str, ...], str
 
 
 def _requested_any(spec, env, config, say) -> tuple[tuple[str, ...], str] | None:
+    if "void" in (t.strip() for t in env.get(VISIBLE, "").split(",")):
+        # void wins over everything, CDI annotations included: it is what a CDI spec
+        # (ours, nvidia-ctk's) sets for the devices it gives, so an engine that applied
+        # the annotations itself (CRI-O >= 1.23) gets no second injection from the hook
+        say(f"{VISIBLE}=void: nothing to do (the devices, if any, came through CDI)")
+        return None
     if config.accept_nvidia_visible_devices_as_volume_mounts:
         found = devices_from_mounts(field(spec, "mounts", "objects") or ())
         if found:
