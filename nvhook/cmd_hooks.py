@@ -14,6 +14,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--annotation", action="store_true",
                    help="run only for containers with a cdi.k8s.io/* annotation naming nvidia.com/gpu devices")
     p.add_argument("--hook-config", metavar="FILE", help="config.toml the hook reads (default: its own lookup)")
+    p.add_argument("--socket", metavar="P", dest="hook_socket",
+                   help="the hook service's socket the hook tries (nvhook serve --socket P; default: its own)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,10 +23,12 @@ def run(args: argparse.Namespace) -> int:
 
     variant = "annotation" if args.annotation else "always"
     config = args.hook_config or args.config   # `nvhook --config X hooks ...`: the hook reads X
+    socket = args.hook_socket or args.socket   # likewise `nvhook --socket P hooks ...`
     if args.action == "print":
         path = args.hook_path or hookinstall.default_hook_path()
-        print(hookinstall.dumps(hookinstall.render(variant, path, config)), end="")
+        print(hookinstall.dumps(hookinstall.render(variant, path, config, socket)), end="")
         return 0
-    target = hookinstall.install(args.dir or hookinstall.DEFAULT_DIR, variant, args.hook_path, config)
+    target = hookinstall.install(args.dir or hookinstall.DEFAULT_DIR, variant, args.hook_path, config,
+                                 socket)
     print(target)
     return 0

@@ -351,3 +351,24 @@ def test_runc_host_tmpfs_volume_on_run_is_not_the_containers(tmp_path, hook_conf
         assert sorted(p.name for p in vol.iterdir()) == ["keep"]
     finally:
         subprocess.run(["umount", "-l", str(vol)], check=True)
+
+
+def test_podman_hooks_dir_with_a_socket_is_served(tmp_path, podman, hook_config, rootfs, gpu_uuids, sockdir):
+    """`nvhook hooks install --socket P`: the hooks.d hook tries the service at P, which
+    serves podman's container (old code: no such option; the hook only tried the
+    default socket)."""
+    from conftest import NVHOOK, run
+    from support.serve import Serve
+
+    s = Serve(hook_config, sockdir / "hook.sock")
+    try:
+        d = tmp_path / "hooks-served.d"
+        r = run([NVHOOK, "hooks", "install", "--dir", str(d), "--hook-config", str(hook_config),
+                 "--hook-path", hookenv.ensure_front(), "--socket", str(s.sock)])
+        assert r.returncode == 0, r.stderr
+        r = podman.run(rootfs, ["sh", "-c", PODMAN_PROBE], hooks_dir=d, env=["NVIDIA_VISIBLE_DEVICES=1"])
+        out = r.stdout + r.stderr
+        assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [gpu_uuids[1]], out
+        assert s.statuses(1) == [0], s.log()
+    finally:
+        assert s.stop() == 0

@@ -39,13 +39,18 @@ def default_hook_path() -> str:
 
 
 def render(variant: str = "always", hook_path: str | None = None,
-           config: str | None = None) -> dict[str, Any]:
+           config: str | None = None, socket: str | None = None) -> dict[str, Any]:
+    """socket: the hook service's socket the hook tries first (`nvhook serve
+    --socket`), when not the default one."""
     if variant not in FILES:
         raise NvhookError(f"unknown hooks.d variant {variant!r} (choose: {', '.join(FILES)})")
     path = hook_path or PLACEHOLDER_PATH
     if not path.startswith("/"):
         raise NvhookError(f"hook path must be absolute: {path}")
-    args = ["nvhook-hook"] + (["--config", config] if config else []) + ["prestart"]
+    if socket is not None and not socket.startswith("/"):
+        raise NvhookError(f"hook service socket must be an absolute path: {socket}")
+    args = (["nvhook-hook"] + (["--config", config] if config else [])
+            + (["--socket", socket] if socket else []) + ["prestart"])
     return {
         "version": "1.0.0",
         "hook": {"path": path, "args": args, "env": [HOOK_ENV_PATH]},
@@ -59,14 +64,14 @@ def dumps(doc: dict[str, Any]) -> str:
 
 
 def install(directory: str = DEFAULT_DIR, variant: str = "always", hook_path: str | None = None,
-            config: str | None = None) -> Path:
+            config: str | None = None, socket: str | None = None) -> Path:
     """Write the variant's file into directory (atomically) and remove the other variant's
     file there, so the hook is injected once. Returns the file written."""
     path = hook_path or default_hook_path()
     if not os.access(path, os.X_OK):
         # podman and CRI-O refuse a hooks.d file whose hook path does not exist
         raise NvhookError(f"hook {path} is not an executable file (run `make venv`)")
-    doc = render(variant, path, config)
+    doc = render(variant, path, config, socket)
     from libinject.linux.atomic import write_atomic
 
     d = Path(directory)
