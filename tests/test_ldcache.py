@@ -196,6 +196,45 @@ def test_truncated_and_corrupt_files_give_errors(tmp_path, fmt):
     assert 0 < parsed < 2000        # both outcomes were exercised
 
 
+def _whole_or_none(data: bytes, keys: tuple[bytes, ...] | None = None) -> list | None:
+    try:
+        return ldcache.parse(data, keys=keys)
+    except NvhookError:
+        return None
+
+
+@pytest.mark.parametrize("fmt", ["new", "old", "compat"])
+def test_keyed_parse_is_the_whole_parse_filtered(tmp_path, fmt):
+    """parse(keys=...) (what the snapshot check reads on every start) gives exactly the
+    entries of a whole parse whose names start with a key (a whole name: with its NUL),
+    and fails exactly where a whole parse fails: on the file, its prefixes, corruptions."""
+    root = _build(tmp_path, "debian", fmt)
+    data = (root / "etc/ld.so.cache").read_bytes()
+    # a prefix (both libnvidia-ml entries) and a whole name no entry has (not libcuda.so.1)
+    keys = (b"libnvidia-m", b"libcuda.so\0")
+
+    def wanted(entries: list) -> list:
+        return [e for e in entries if (os.fsencode(e.name) + b"\0").startswith(keys)]
+
+    whole = ldcache.parse(data)
+    assert [e.name for e in wanted(whole)] == ["libnvidia-ml.so.1"] * 2 and len(whole) == 4
+    assert ldcache.parse(data, keys=keys) == wanted(whole)
+    rnd = random.Random(4321)
+    cases = [data[:n] for n in range(len(data))]
+    for _ in range(1500):
+        bad = bytearray(data)
+        for _ in range(rnd.randint(1, 8)):
+            bad[rnd.randrange(len(bad))] = rnd.randrange(256)
+        cases.append(bytes(bad))
+    outcomes = set()
+    for case in cases:
+        full, keyed = _whole_or_none(case), _whole_or_none(case, keys)
+        assert (full is None) == (keyed is None)
+        assert full is None or keyed == wanted(full)
+        outcomes.add(full is None)
+    assert outcomes == {True, False}
+
+
 @pytest.mark.parametrize("data", [b"", b"glibc-ld.so.cache1.1", b"ld.so-1.7.0", b"\x7fELF" + bytes(60),
                                   ldcache.MAGIC_NEW + struct.pack("<II", 0xFFFFFFFF, 0) + bytes(24),
                                   ldcache.MAGIC_OLD + b"\0" + struct.pack("<I", 0x7FFFFFFF)])

@@ -183,6 +183,168 @@ def test_edited_graphics_facts_are_not_believed(sim_host, tmp_path, edit):
     assert _reloads(sdir, root) == d0
 
 
+# ---------------------------------------------------------------- host files: re-found
+# Resealed with the key: only checking each file the way discovery finds it refuses these
+# (they were only checked to be under the root, which is "/" on a normal host). The
+# simulated root's etc/shadow stands for the host's; its tmp/volume for a directory others
+# write (a volume, /tmp), holding planted files.
+
+def _one(items: list[dict], key: str, end: str) -> dict:
+    (found,) = [x for x in items if x[key].endswith(end)]
+    return found
+
+
+def _lib(d: dict, name: str, arch: str = "x86-64") -> dict:
+    return next(x for x in d["libraries"] if x["path"].rpartition("/")[2].startswith(name) and x["arch"] == arch)
+
+
+FILE_FORGERIES = {
+    # libraries: a host file, a planted one, relabelled, moved, doubled, another source
+    "lib-is-shadow": ("libraries", lambda d, r: _lib(d, "libcuda.so").update(path=f"{r}/etc/shadow")),
+    "lib-planted": ("libraries", lambda d, r: _lib(d, "libcuda.so").update(
+        path=f"{r}/tmp/volume/" + _lib(d, "libcuda.so")["path"].rpartition("/")[2])),
+    "lib-soname": ("libraries", lambda d, r: _lib(d, "libcuda.so").update(soname="libnvidia-ml.so.1")),
+    "lib-capability": ("libraries", lambda d, r: _lib(d, "libnvidia-ml.so").update(capability="compute")),
+    "lib-extra": ("libraries", lambda d, r: _lib(d, "libcuda.so").update(extra=True)),
+    "lib-arch": ("libraries", lambda d, r: _lib(d, "libcuda.so").update(arch="i386")),
+    "lib-32-is-64": ("libraries", lambda d, r: _lib(d, "libcuda.so", "i386").update(
+        path=_lib(d, "libcuda.so")["path"])),
+    "lib-twice": ("libraries", lambda d, r: d["libraries"].append(dict(_lib(d, "libcuda.so")))),
+    "lib-no-soname": ("libraries", lambda d, r: _lib(d, "libcuda.so").update(soname=None)),
+    "lib-source": ("libraries", lambda d, r: d.update(library_source="search /usr/lib (forged)")),
+    # binaries: a host file, a planted one, another name, another container path
+    "bin-is-shadow": ("binaries", lambda d, r: _one(d["binaries"], "path", "/nvidia-smi").update(
+        path=f"{r}/etc/shadow")),
+    "bin-planted": ("binaries", lambda d, r: _one(d["binaries"], "path", "/nvidia-smi").update(
+        path=f"{r}/tmp/volume/nvidia-smi")),
+    "bin-swapped": ("binaries", lambda d, r: _one(d["binaries"], "path", "/nvidia-smi").update(
+        path=_one(d["binaries"], "path", "/nvidia-debugdump")["path"])),
+    "bin-params": ("binaries", lambda d, r: _one(d["binaries"], "path", "/nvidia-smi").update(
+        container_path="/proc/driver/nvidia/params")),
+    "bin-capability": ("binaries", lambda d, r: _one(d["binaries"], "path", "/nvidia-smi").update(
+        capability="compute")),
+    # firmware: a host file, a planted gsp*.bin, another container path, another name
+    "fw-is-shadow": ("firmware", lambda d, r: d["firmware"][0].update(path=f"{r}/etc/shadow")),
+    "fw-planted": ("firmware", lambda d, r: d["firmware"][0].update(path=f"{r}/tmp/volume/gsp_evil.bin")),
+    "fw-container-path": ("firmware", lambda d, r: d["firmware"][0].update(container_path="/etc/shadow")),
+    "fw-not-gsp": ("firmware", lambda d, r: d["firmware"].append(dict(
+        d["firmware"][0], path=d["firmware"][0]["path"].rpartition("/")[0] + "/README",
+        container_path=d["firmware"][0]["container_path"].rpartition("/")[0] + "/README"))),
+    # IPC (bind-mounted read-write): a host file, a dir that is no IPC path, the MPS pipe
+    # dir where a user made it, another container path
+    "ipc-is-shadow": ("ipcs", lambda d, r: d["ipcs"][0].update(path=f"{r}/etc/shadow")),
+    "ipc-planted": ("ipcs", lambda d, r: d["ipcs"].append({
+        "path": f"{r}/tmp/volume/mps", "container_path": "/tmp/nvidia-mps", "capability": "compute",
+        "kind": "ipc"})),
+    "ipc-users-mps-dir": ("ipcs", lambda d, r: d["ipcs"].append({
+        "path": f"{r}/tmp/nvidia-mps", "container_path": "/tmp/nvidia-mps", "capability": "compute",
+        "kind": "ipc"})),
+    "ipc-container-path": ("ipcs", lambda d, r: d["ipcs"][0].update(container_path="/etc/passwd")),
+    "ipc-twice": ("ipcs", lambda d, r: d["ipcs"].append(dict(d["ipcs"][0]))),
+    "ipc-kind": ("ipcs", lambda d, r: d["ipcs"][0].update(kind="graphics")),
+}
+WHY = {"libraries": "libraries are not ones discovery finds", "binaries": "binaries are not the driver root's",
+       "firmware": "firmware files are not the driver root's", "ipcs": "IPC paths are not the driver's"}
+
+
+def _plant(root: Path) -> None:
+    """Files like the driver's, in a directory others write (and the host's secret)."""
+    (root / "etc/shadow").write_text("root:$6$host-secret:19000:0:99999:7:::\n")
+    vol = root / "tmp/volume"
+    vol.mkdir(parents=True, mode=0o1777)
+    for lib in (root / "usr/lib/x86_64-linux-gnu").glob("libcuda.so.*.*"):
+        (vol / lib.name).write_bytes(lib.read_bytes())
+    (vol / "nvidia-smi").write_text("#!/bin/sh\n")
+    os.chmod(vol / "nvidia-smi", 0o755)
+    (vol / "gsp_evil.bin").write_bytes(b"evil")
+    (vol / "mps").mkdir()
+    (root / "tmp/nvidia-mps").mkdir()              # a user's, not the MPS daemon's
+    for fw in (root / "lib/firmware/nvidia").iterdir():
+        (fw / "README").write_text("not firmware\n")   # beside the gsp*.bin files
+    os.chown(root / "tmp/nvidia-mps", 65534, 65534)
+
+
+@pytest.mark.parametrize("forgery", list(FILE_FORGERIES))
+def test_forged_host_files_are_not_believed(fresh_sim_host, tmp_path, forgery):
+    root = fresh_sim_host("t4x1")
+    _plant(root)
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    assert d0.libraries and d0.binaries and d0.firmware and d0.ipcs
+    _, _, doc = _split(_only(sdir))
+    field, edit = FILE_FORGERIES[forgery]
+    edit(doc, os.path.realpath(root))
+    _write(sdir, "resigned", doc)
+    lines: list[str] = []
+    assert discover(str(root), snapshot_dir=str(sdir), log=lines.append) == d0
+    assert len(lines) == 1 and f"({WHY[field]}" in lines[0], lines
+    assert _reloads(sdir, root) == d0          # rewritten: good again
+
+
+def _search_layout(root: Path) -> None:
+    """The driver unpacked without an ld.so.cache (libraries found by searching)."""
+    import shutil
+
+    for src, dst in (("usr/lib/x86_64-linux-gnu", "usr/local/nvidia/lib64"), ("usr/lib/i386-linux-gnu", "usr/lib")):
+        (root / dst).mkdir(parents=True, exist_ok=True)
+        for p in sorted((root / src).iterdir()):
+            if not p.name.startswith("libnvidia-ml"):
+                shutil.move(str(p), str(root / dst / p.name))
+    (root / "etc/ld.so.cache").unlink()
+
+
+@pytest.mark.parametrize("forgery", ["lib-planted", "lib-soname", "lib-source-ldcache", "none"])
+def test_searched_libraries_are_checked_too(fresh_sim_host, tmp_path, forgery):
+    """Without an ld.so.cache discovery searches the library dirs: a snapshot's libraries
+    are checked against that search (and a true snapshot is kept, not rebuilt)."""
+    root = fresh_sim_host("t4x1")
+    _search_layout(root)
+    _plant(root)
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    assert d0.library_source.startswith("search ") and any(x.name.startswith("libcuda.so") for x in d0.libraries)
+    _, _, doc = _split(_only(sdir))
+    r = os.path.realpath(root)
+    if forgery == "lib-source-ldcache":
+        doc["library_source"] = f"ldcache {r}/etc/ld.so.cache"
+    elif forgery != "none":
+        FILE_FORGERIES[forgery][1](doc, r)
+    _write(sdir, "resigned", doc)
+    lines: list[str] = []
+    assert discover(str(root), snapshot_dir=str(sdir), log=lines.append) == d0
+    if forgery == "none":
+        assert lines == []
+    else:
+        assert len(lines) == 1 and f"({WHY['libraries']}" in lines[0], lines
+
+
+def test_true_snapshot_with_linked_files_is_kept(fresh_sim_host, tmp_path):
+    """Driver files reached through links (an absolute one, a chain of two, a binary
+    linked from its bin dir) and an MPS pipe dir: the true snapshot reloads as it is."""
+    root = fresh_sim_host("t4x1")
+    ver = profile_of(root)["driver_version"]
+    lib, opt = root / "usr/lib/x86_64-linux-gnu", root / "opt/nvidia"
+    (opt / "bin").mkdir(parents=True)
+    os.rename(lib / f"libcuda.so.{ver}", opt / f"libcuda.so.{ver}")
+    (lib / "libcuda.so.1").unlink()
+    (lib / "libcuda.so.1").symlink_to(f"/opt/nvidia/libcuda.so.{ver}")
+    os.rename(lib / f"libnvidia-cfg.so.{ver}", opt / f"libnvidia-cfg.so.{ver}")
+    (lib / f"libnvidia-cfg.so.{ver}").symlink_to(f"../../../opt/nvidia/libnvidia-cfg.so.{ver}")
+    os.rename(root / "usr/bin/nvidia-smi", opt / "bin/nvidia-smi")
+    (root / "usr/bin/nvidia-smi").symlink_to("../../opt/nvidia/bin/nvidia-smi")
+    (root / "tmp/nvidia-mps").mkdir(parents=True)
+    sdir = tmp_path / "snaps"
+    d0 = discover(str(root), snapshot_dir=str(sdir))
+    r = os.path.realpath(root)
+    assert {f"{r}/opt/nvidia/libcuda.so.{ver}", f"{r}/opt/nvidia/libnvidia-cfg.so.{ver}"} <= {
+        x.path for x in d0.libraries}
+    assert f"{r}/opt/nvidia/bin/nvidia-smi" in {x.path for x in d0.binaries}
+    assert any(x.container_path == "/tmp/nvidia-mps" for x in d0.ipcs)
+    lines: list[str] = []
+    assert discover(str(root), snapshot_dir=str(sdir), log=lines.append) == d0
+    assert lines == []
+
+
 # ---------------------------------------------------------------- shapes: validated
 
 def _set(path: str, value):

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from libinject.discover import ldcache
 from libinject.discover import model
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 # (SONAME prefix, capability), in nvidia-container-cli's order:
 # utility, compute, ngx, video, graphics, graphics (glvnd).
@@ -103,10 +108,8 @@ COMPAT32_ARCH = "i386"
 
 
 def fixed_capability(soname: str) -> str | None:
-    for prefix, cap in LIBRARIES:
-        if soname.startswith(prefix):
-            return cap
-    return None
+    fixed = _fixed(soname)
+    return None if fixed is None else fixed[1]
 
 
 def guess_capability(name: str) -> str:
@@ -133,15 +136,16 @@ def maybe_driver_library(name: str) -> bool:
     return fixed_capability(name) is not None or nvidia_named(name)
 
 
-def resolve(root: str, path: str, *, max_links: int = 40) -> str | None:
-    """Host path of `path` (absolute, inside the root) with symlinks followed as if
-    the root were "/": absolute targets and ".." never leave the root.
-    None if it does not exist (or a link loop)."""
-    root = root.rstrip("/") or "/"
+def _parts(path: str) -> list[str]:
+    """A path's components, reversed (a stack: the next one last)."""
     todo = [p for p in path.split("/") if p not in ("", ".")]
     todo.reverse()
-    done: list[str] = []
-    links = 0
+    return todo
+
+
+def _walk(root: str, done: list[str], todo: list[str], links: int, max_links: int) -> int | None:
+    """Resolve the components `todo` (reversed) onto `done` (resolved: no links), both in
+    place; the links followed in all, or None if a component does not exist (or a loop)."""
     while todo:
         part = todo.pop()
         if part == "..":
@@ -160,10 +164,83 @@ def resolve(root: str, path: str, *, max_links: int = 40) -> str | None:
         if links > max_links:
             return None
         if target.startswith("/"):
-            done = []
-        todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
+            done.clear()
+        todo.extend(_parts(target))
+    return links
+
+
+def resolve(root: str, path: str, *, max_links: int = 40) -> str | None:
+    """Host path of `path` (absolute, inside the root) with symlinks followed as if
+    the root were "/": absolute targets and ".." never leave the root.
+    None if it does not exist (or a link loop)."""
+    root = root.rstrip("/") or "/"
+    done: list[str] = []
+    if _walk(root, done, _parts(path), 0, max_links) is None:
+        return None
     host = os.path.join(root, *done)
     return host if os.path.lexists(host) else None
+
+
+class Resolver:
+    """resolve() for many files in few directories: each directory is walked once (the
+    driver's ~50 libraries are in two or three), then only the file's own name. The
+    same answers as resolve(): the walk goes on from where the directory's ended."""
+
+    def __init__(self, root: str, max_links: int = 40) -> None:
+        self.root = root.rstrip("/") or "/"
+        self.max_links = max_links
+        self._dirs: dict[str, tuple[list[str], int, str] | None] = {}
+
+    def _dir(self, d: str) -> tuple[list[str], int, str] | None:
+        """(components, links followed, host path) of directory `d` walked."""
+        if d not in self._dirs:
+            done: list[str] = []
+            links = _walk(self.root, done, _parts(d), 0, self.max_links)
+            self._dirs[d] = None if links is None else (done, links, os.path.join(self.root, *done))
+        return self._dirs[d]
+
+    def __call__(self, path: str) -> str | None:
+        d, _, name = path.rpartition("/")
+        walked = self._dir(d)
+        if walked is None:
+            return None
+        done = list(walked[0])
+        if _walk(self.root, done, _parts(name), walked[1], self.max_links) is None:
+            return None
+        host = os.path.join(self.root, *done)
+        return host if os.path.lexists(host) else None
+
+    def file(self, path: str) -> str | None:
+        """resolve(root, path) if that is a regular file (os.path.isfile), else None.
+        A library is usually a file or a link to a name beside it (libcuda.so.1 ->
+        libcuda.so.<version>): one lstat, or two and a readlink, then; else resolve()."""
+        d, _, name = path.rpartition("/")
+        walked = self._dir(d)
+        if walked is None:
+            return None
+        if walked[1] + 1 < self.max_links and _plain(name):
+            host = f"{walked[2]}/{name}" if walked[2] != "/" else f"/{name}"
+            try:
+                target = os.readlink(host)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    return None     # as resolve()'s readlink
+                target = ""         # not a link
+            if target == "" or _plain(target):
+                if target:
+                    host = f"{host.rpartition('/')[0]}/{target}"
+                try:
+                    if stat.S_ISREG(os.lstat(host).st_mode):
+                        return host     # not a link: where resolve() ends
+                except OSError:
+                    return None
+        real = self(path)
+        return real if real is not None and os.path.isfile(real) else None
+
+
+def _plain(name: str) -> bool:
+    """A file name that resolve() takes as one component, as it is."""
+    return name not in ("", ".", "..") and "/" not in name
 
 
 def inside(root: str, host: str) -> str:
@@ -172,44 +249,74 @@ def inside(root: str, host: str) -> str:
     return "/" + host[len(root):].lstrip("/") if root else host
 
 
+# prefix -> (prefix, capability). Every prefix ends in its only ".so", so a name starts
+# with one iff its part up to its first ".so" is that prefix: one lookup, not 39 tests.
+_BY_PREFIX = {prefix: (prefix, cap) for prefix, cap in LIBRARIES}
+assert all(p.find(".so") == len(p) - 3 for p in _BY_PREFIX)
+
+
+def _fixed(name: str) -> tuple[str, str] | None:
+    """(fixed-list prefix, capability) of a SONAME or file name, if it has one."""
+    i = name.find(".so")
+    return _BY_PREFIX.get(name[:i + 3]) if i >= 0 else None
+
+
+def _eligible(e: ldcache.Entry) -> tuple[str, str] | None | bool:
+    """False if select() passes entry `e` over by its name and flags alone; else its
+    (fixed-list prefix, capability), or None for a lib*nvidia* name not in the lists."""
+    if e.hwcaps_subdir or e.arch not in NATIVE_ARCHES + (COMPAT32_ARCH,):
+        return False
+    if e.flags & ldcache.FLAG_TYPE_MASK not in (1, ldcache.FLAG_ELF_LIBC6):
+        return False
+    fixed = _fixed(e.name)
+    return fixed if fixed is not None or nvidia_named(e.name) else False
+
+
+def _kind(e: ldcache.Entry, fixed: tuple[str, str] | None, real: str,
+          version: str) -> tuple[str, bool, tuple[str, str]] | None:
+    """(capability, extra, slot) of the library select() makes of an eligible entry `e`
+    (`fixed`: _eligible's) whose path resolves to the regular file `real`; the slot it
+    fills: ("fixed", its prefix) or ("extra", its file name). None if it is not of this
+    driver version."""
+    name = real.rpartition("/")[2]
+    if not name.endswith(".so." + version) and not (
+            fixed is not None and fixed[0] in OWN_VERSION and name.startswith(fixed[0] + ".")):
+        return None  # another driver version's leftovers
+    if fixed is not None:
+        return fixed[1], False, ("fixed", fixed[0])
+    if _fixed(name) is not None or name.startswith(_EXTRA_SKIP) or not nvidia_named(name, version):
+        return None
+    return guess_capability(name), True, ("extra", name)
+
+
 def select(entries: list[ldcache.Entry], root: str, version: str) -> list[model.Library]:
     """Driver libraries among ld.so.cache entries (or search results).
 
     Native arches first, then i386; within each, nvidia-container-cli's list order,
     then extras sorted by name. A fixed-list name gets at most one file per arch."""
-    suffix = ".so." + version
-    chosen: dict[tuple[str, str], model.Library] = {}   # (prefix or real name, arch) -> lib
-    extras: dict[tuple[str, str], model.Library] = {}
+    file_of = Resolver(root).file
+    chosen: dict[tuple[str, str], model.Library] = {}   # (prefix, arch) -> lib
+    extras: dict[tuple[str, str], model.Library] = {}   # (real name, arch) -> lib
     seen_real: set[tuple[str, str]] = set()
     for e in entries:
-        if e.hwcaps_subdir or e.arch not in NATIVE_ARCHES + (COMPAT32_ARCH,):
+        fixed = _eligible(e)
+        if fixed is False:
             continue
-        if e.flags & ldcache.FLAG_TYPE_MASK not in (1, ldcache.FLAG_ELF_LIBC6):
+        real = file_of(e.path)
+        got = _kind(e, fixed, real, version) if real is not None else None
+        if got is None:
             continue
-        cap = fixed_capability(e.name)
-        if cap is None and not nvidia_named(e.name):
+        lib = model.Library(real, e.name, got[0], e.arch, extra=got[1])
+        kind, slot = got[2]
+        if (lib.path, e.arch) in seen_real:
             continue
-        real = resolve(root, e.path)
-        if real is None or not os.path.isfile(real):
-            continue
-        name = os.path.basename(real)
-        prefix = next((p for p, _ in LIBRARIES if e.name.startswith(p)), "") if cap else ""
-        if not name.endswith(suffix) and not (prefix in OWN_VERSION and name.startswith(prefix + ".")):
-            continue  # another driver version's leftovers
-        if (real, e.arch) in seen_real:
-            continue
-        if cap is not None:
-            if (prefix, e.arch) in chosen:
+        if kind == "fixed":
+            if (slot, e.arch) in chosen:
                 continue
-            seen_real.add((real, e.arch))
-            chosen[(prefix, e.arch)] = model.Library(real, e.name, cap, e.arch)
+            chosen[(slot, e.arch)] = lib
         else:
-            if fixed_capability(name) is not None or name.startswith(_EXTRA_SKIP):
-                continue
-            if not nvidia_named(name, version):
-                continue
-            seen_real.add((real, e.arch))
-            extras.setdefault((name, e.arch), model.Library(real, e.name, guess_capability(name), e.arch, extra=True))
+            extras.setdefault((slot, e.arch), lib)
+        seen_real.add((lib.path, e.arch))
     out: list[model.Library] = []
     for arches in (NATIVE_ARCHES, (COMPAT32_ARCH,)):
         for prefix, _ in LIBRARIES:
@@ -218,6 +325,36 @@ def select(entries: list[ldcache.Entry], root: str, version: str) -> list[model.
                     out.append(chosen[(prefix, arch)])
         out.extend(lib for key, lib in sorted(extras.items()) if key[1] in arches)
     return out
+
+
+def could_find(root: str, version: str, libs, entries: list[ldcache.Entry]) -> bool:
+    """Whether select() could have chosen `libs` from `entries` (a snapshot's claim,
+    checked on load; `entries` may be only those of the libraries' SONAMEs): each the
+    very library select() makes of an entry of its SONAME and arch, no fixed-list name
+    (extra: file name) twice per arch, no file twice per arch. Cheaper than selecting
+    again (one resolve per library, not per entry, its directory's walk shared) and as
+    safe: all a forged list can do is name driver libraries the cache (or the search)
+    lists in the root, or leave some out."""
+    by_name: dict[tuple[str, str], list[ldcache.Entry]] = {}
+    for e in entries:
+        by_name.setdefault((e.name, e.arch), []).append(e)
+    file_of = Resolver(root).file
+    slots, files = set(), set()
+    for lib in libs:
+        for e in by_name.get((lib.soname, lib.arch), ()):
+            fixed = _eligible(e)
+            if fixed is not False and file_of(e.path) == lib.path:
+                got = _kind(e, fixed, lib.path, version)
+                if got is not None and got[:2] == (lib.capability, lib.extra):
+                    break
+        else:
+            return False
+        slot, file = (got[2], lib.arch), (lib.path, lib.arch)
+        if slot in slots or file in files:
+            return False
+        slots.add(slot)
+        files.add(file)
+    return True
 
 
 # --- the container's side: where an image wants driver libraries -------------------------

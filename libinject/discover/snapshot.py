@@ -32,7 +32,12 @@ directory must belong to us and not be writable by others; beyond that:
   - cross-checked against what the fingerprint just read, which holds even against
     a writer that has the key: every device node's rdev, each GPU's minor and UUID
     against its gpus/<busid>/information, its gpus/ dir, the MIG minors against the
-    mig-minors table, the procfs texts against the files, host paths under the root.
+    mig-minors table, the procfs texts against the files; and every host file is one
+    discovery would find, at a name it looks for (a library: an entry of the root's
+    ld.so.cache, or of the library dirs' search; a binary: <a PATH dir>/<its name>;
+    firmware: in lib/firmware/nvidia/<version>; IPC: the driver's sockets and the MPS
+    pipe dir; graphics: libinject.discover.graphics.could_find), resolved in the root
+    now, so a writer with the key can only leave files out, never add a host file.
 Anything wrong: the snapshot is discarded (a log line), discovery runs again and
 rewrites it; never an exception for the user. save() prunes the directory (KEEP
 newest snapshots, none from an earlier boot or older than MAX_AGE, stale temp files).
@@ -166,6 +171,7 @@ class HostView:
     snapshot's device facts against (no second read)."""
     root: str
     dev_root: str
+    ldcache: str                # host path of the ld.so.cache discovery reads
     procfs: bool                # proc/driver/nvidia is a directory
     version: Any
     params: Any
@@ -180,11 +186,13 @@ class HostView:
     capabilities: dict | None   # proc/driver/nvidia/capabilities/**
 
 
-def view(root: str, dev_root: str) -> HostView:
+def view(root: str, dev_root: str, ldcache: str | None = None) -> HostView:
+    """ldcache: the cache's host path (None: the root's etc/ld.so.cache)."""
     drv = os.path.join(dev_root, "proc/driver/nvidia")
     dev = os.path.join(dev_root, "dev")
     return HostView(
-        root=root, dev_root=dev_root, procfs=os.path.isdir(drv),
+        root=root, dev_root=dev_root, ldcache=ldcache or os.path.join(root, "etc/ld.so.cache"),
+        procfs=os.path.isdir(drv),
         version=_text(os.path.join(drv, "version")),
         params=_text(os.path.join(drv, "params")),
         registry=_text(os.path.join(drv, "registry")),
@@ -212,7 +220,7 @@ _last: tuple | None = None
 def probe(root: str, dev_root: str, ldcache: str | None, watch_dirs: list[str]) -> tuple[str, HostView]:
     """(fingerprint, what it was computed from)."""
     global _last
-    v = view(root, dev_root)
+    v = view(root, dev_root, ldcache)
     material = [
         FORMAT, root, dev_root, ldcache,
         os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
@@ -435,10 +443,6 @@ def _need(ok: bool, why: str) -> None:
         raise _Bad(why)
 
 
-def _under(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root + "/")
-
-
 def _nodes_now(listing: dict | None, directory: str, container_dir: str,
                wanted: list[tuple[str, str]]):
     """The DeviceNodes discovery would find now for `wanted` (name, capability), in
@@ -473,12 +477,11 @@ def _numbered(listing: dict | None, prefix: str) -> list[tuple[str, str]]:
 def verify(driver, host: HostView) -> None:
     """Raise _Bad unless the snapshot's device facts are the host's, as `host` (the
     fingerprint's reading) shows them: what discovery would conclude from them now."""
+    from libinject.discover import driver as D
     from libinject.discover.driver import CONTROL_DEVICES, mig_minors_for
 
     _need(driver.root == host.root and driver.dev_root == host.dev_root,
           f"made for root {driver.root[:200]}, dev root {driver.dev_root[:200]}")
-    for f in (*driver.libraries, *driver.binaries, *driver.firmware, *driver.ipcs, *driver.graphics_files):
-        _need(_under(f.path, driver.root), f"host file {f.path[:200]} outside the driver root")
     gpus = driver.info.gpus
     # Each GPU: its gpus/ dir, and the kernel's own word on its minor and UUID there.
     procfs_dir = os.path.join(host.dev_root, "proc/driver/nvidia")
@@ -518,9 +521,16 @@ def verify(driver, host: HostView) -> None:
         _need(driver.drm_devices == graphics.drm_nodes(host.dev_root, gpus), "DRM nodes differ from dev/dri")
     else:
         _need(not driver.drm_devices, "DRM nodes but no dev/dri")
-    # under the root is not enough (the root is often "/"): the files discovery looks for
-    _need(graphics.could_find(host.root, driver.info.driver_version, driver.graphics_files),
-          "graphics files are not the driver root's")
+
+    # Host files: under the root is not enough (the root is "/" on a normal host), so
+    # each must be one discovery would find, at a name it looks for.
+    root, ver = host.root, driver.info.driver_version
+    _need(D.could_find_libraries(root, host.ldcache, ver, driver.libraries, driver.library_source),
+          "libraries are not ones discovery finds in the driver root's ld.so.cache or library dirs")
+    _need(D.could_find_binaries(root, driver.binaries), "binaries are not the driver root's")
+    _need(D.could_find_firmware(root, ver, driver.firmware), "firmware files are not the driver root's")
+    _need(D.could_find_ipcs(root, driver.ipcs), "IPC paths are not the driver's sockets or MPS pipe dir")
+    _need(graphics.could_find(root, ver, driver.graphics_files), "graphics files are not the driver root's")
 
     # MIG: the table the driver publishes now, and the minors of each MIG device in it.
     table = mig_minors_for(host.mig_minors or "", gpus)
