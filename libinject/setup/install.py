@@ -290,9 +290,11 @@ class Target:
                 self._refuse(shown, f"{st.st_nlink} links to it")
             if st.st_size > self.limit:
                 self._refuse(shown, f"larger than {self.limit} bytes")
-            data = os.read(fd, self.limit + 1)
+            data = store.read_all(fd, self.limit)
         finally:
             os.close(fd)
+        if len(data) > self.limit:
+            self._refuse(shown, f"larger than {self.limit} bytes")
         return Entry("file", data, st)
 
     def _refuse(self, shown: str, why: str) -> NoReturn:

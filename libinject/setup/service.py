@@ -122,6 +122,8 @@ def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, syste
         if not no_start:
             steps += [("try-restart", UNIT)] if changed else []
             steps.append(("enable", "--now", UNIT))
+    if changed:
+        target.saved()      # a backup it must refuse: refused before anything is run or shown
     if dry_run:
         return diff(path, cur, wanted) + _steps_text(steps)
     what = f"unchanged: {path}"

@@ -253,7 +253,7 @@ def read(directory: str, path: str, limit: int) -> tuple[Record, str] | None:
             cap = len(MAGIC) + _MAC_HEX + 1 + MAX_HEADER + 1 + limit
             if st.st_size > cap:
                 raise bad("larger than any backup nvhook setup writes")
-            data = _read_fd(fd, cap)
+            data = read_all(fd, cap)
         finally:
             os.close(fd)
         key = _key_at(fds[0])
@@ -264,7 +264,8 @@ def read(directory: str, path: str, limit: int) -> tuple[Record, str] | None:
         _close(fds)
 
 
-def _read_fd(fd: int, cap: int) -> bytes:
+def read_all(fd: int, cap: int) -> bytes:
+    """fd's bytes, at most cap + 1 (one more: the caller can tell it was larger)."""
     chunks, n = [], 0
     while n <= cap:
         chunk = os.read(fd, 1 << 16)
