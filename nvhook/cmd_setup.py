@@ -11,7 +11,9 @@ The work is libinject.setup's (one module per target, the shared install / backu
 undo / diff mechanics in libinject.setup.install); this module is argparse and output.
 A target's --config is the engine's file (its standard path by default); the global
 --config before `setup` is nvhook's own config.toml (passed on to the unit, and to
-the hooks of podman's CDI spec). Errors: one `nvhook:` line, non-zero, nothing changed.
+the hooks of podman's CDI spec). Every target takes --backup-dir DIR: where what was
+there before is kept (libinject.setup.store; default /var/lib/nvhook/setup). Errors:
+one `nvhook:` line, non-zero, nothing changed.
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="show the change as a unified diff and change nothing")
     p.add_argument("--undo", action="store_true",
                    help="put back what was there before the first run")
+    p.add_argument("--backup-dir", metavar="DIR",
+                   help="where what was there before the first run is kept, sealed (default "
+                        "/var/lib/nvhook/setup; must be root's alone)")
 
 
 def _engine_file(p: argparse.ArgumentParser, default: str, what: str) -> None:
@@ -77,7 +82,7 @@ def _service(args: argparse.Namespace) -> str:
                               systemctl=lambda argv, timeout: _systemctl(argv, timeout),
                               reload_timeout=SYSTEMCTL_TIMEOUT)
     return service.setup(args.unit_dir, config=args.config, dry_run=args.dry_run, undo=args.undo,
-                         no_start=args.no_start, systemd=systemd)
+                         no_start=args.no_start, systemd=systemd, backup_dir=args.backup_dir)
 
 
 # -- the engines -----------------------------------------------------------------------------
@@ -99,7 +104,7 @@ def _docker(args: argparse.Namespace) -> str:
     from libinject.setup import docker
 
     return docker.setup(args.engine_config, hook_dir=args.hook_dir, set_as_default=args.set_as_default,
-                        cdi=args.cdi, dry_run=args.dry_run, undo=args.undo)
+                        cdi=args.cdi, dry_run=args.dry_run, undo=args.undo, backup_dir=args.backup_dir)
 
 
 def _containerd_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,7 +122,7 @@ def _containerd(args: argparse.Namespace) -> str:
     from libinject.setup import containerd
 
     return containerd.setup(args.engine_config, set_as_default=args.set_as_default, cdi=args.cdi,
-                            dry_run=args.dry_run, undo=args.undo)
+                            dry_run=args.dry_run, undo=args.undo, backup_dir=args.backup_dir)
 
 
 def _crio_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,7 +138,7 @@ def _crio(args: argparse.Namespace) -> str:
     from libinject.setup import crio
 
     return crio.setup(args.engine_config, set_as_default=args.set_as_default, dry_run=args.dry_run,
-                      undo=args.undo)
+                      undo=args.undo, backup_dir=args.backup_dir)
 
 
 def _podman_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,7 +152,8 @@ def _podman(args: argparse.Namespace) -> str:
     from libinject.setup import podman
 
     return podman.setup(args.engine_config, nvhook_config=args.config, root=args.root,
-                        ldcache=args.ldcache, user=args.user, dry_run=args.dry_run, undo=args.undo)
+                        ldcache=args.ldcache, user=args.user, dry_run=args.dry_run, undo=args.undo,
+                        backup_dir=args.backup_dir)
 
 
 def _auto_arguments(p: argparse.ArgumentParser) -> None:
@@ -186,7 +192,8 @@ def _auto(args: argparse.Namespace) -> str:
                        crio_drop_in=args.crio_drop_in, crio_config=args.crio_config,
                        crio_bin=args.crio_bin, docker_config=args.docker_config,
                        docker_hook_dir=args.docker_hook_dir, dockerd_bin=args.dockerd_bin,
-                       docker_bin=args.docker_bin, hooks_dir=args.hooks_dir, cdi_spec=args.cdi_spec)
+                       docker_bin=args.docker_bin, hooks_dir=args.hooks_dir, cdi_spec=args.cdi_spec,
+                       backup_dir=args.backup_dir)
     return auto.setup(paths, config=args.config, root=args.root, ldcache=args.ldcache, user=args.user,
                       dry_run=args.dry_run, undo_=args.undo, as_json=args.json)
 

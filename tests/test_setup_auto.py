@@ -3,8 +3,8 @@
 (shell scripts printing a version and an effective config), and the real containerd
 1.6 of this machine (its own `containerd config dump` of a private config).
 
-Every file lives under tmp_path (--config, --containerd-config, --docker-config, ...):
-the host's /etc is never touched.
+Every file lives under tmp_path (--config, --containerd-config, --docker-config, ...,
+--backup-dir): the host's /etc and /var/lib/nvhook are never touched.
 """
 from __future__ import annotations
 
@@ -107,6 +107,7 @@ class Node:
                      "--hooks-dir", str(self.top / "hooks.d"),
                      "--docker-config", str(self.top / "docker/daemon.json"),
                      "--docker-hook-dir", str(self.top / "bin"), "--cdi-spec", str(self.top / "cdi/nvidia.yaml"),
+                     "--backup-dir", str(tmp_path / "setup-backups"),
                      "--containerd-bin", none, "--crio-bin", none, "--dockerd-bin", none, "--docker-bin", none]
         if containerd:
             self._bin("--containerd-bin", _script(b / "containerd", {"--version": containerd[0],

@@ -3,8 +3,9 @@ what was there before (absent, empty, with unrelated keys and comments, already
 configured, containerd v2 / v3 / with an imports conf.d, CRI-O with other drop-ins),
 then the real engines running a container through what nvhook wrote.
 
-Every file lives under tmp_path (--config, --hook-dir): the host's /etc/docker,
-/etc/containerd, /etc/crio and /etc/cdi are never touched.
+Every file lives under tmp_path (--config, --hook-dir, and the store of backups): the
+host's /etc/docker, /etc/containerd, /etc/crio, /etc/cdi and /var/lib/nvhook are never
+touched.
 """
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from support.shimenv import SHIM
 FRONT = str(Path(SHIM).with_name("nvhook-hook"))
 V2 = "io.containerd.grpc.v1.cri"
 V3 = "io.containerd.cri.v1.runtime"
+
+
+@pytest.fixture(autouse=True)
+def backup_dir(tmp_path, monkeypatch) -> Path:
+    """The store of setup's backups, under tmp_path: never the host's /var/lib/nvhook."""
+    from libinject.setup import store
+
+    d = tmp_path / "setup-backups"
+    monkeypatch.setattr(store, "STORE_DIR", str(d))
+    return d
 
 # -- the table of files there before ----------------------------------------------------------
 

@@ -29,14 +29,27 @@ ANALYZE = "/usr/bin/systemd-analyze"
 
 
 def setup(*args: str, config: str | None = None) -> subprocess.CompletedProcess:
-    """`nvhook [--config C] setup service ARGS` as an administrator runs it."""
+    """`nvhook [--config C] setup service ARGS` as an administrator runs it, with the
+    store of backups beside the unit dir (never the host's /var/lib/nvhook)."""
     pre = ["--config", config] if config else []
-    return run([NVHOOK, *pre, "setup", "service", *args], env={"PATH": SAFE_PATH})
+    units = Path(args[args.index("--unit-dir") + 1])
+    return run([NVHOOK, *pre, "setup", "service", *args, "--backup-dir", str(units.parent / "setup-backups")],
+               env={"PATH": SAFE_PATH})
 
 
 def snapshot(d: Path) -> dict[str, tuple]:
     """Every entry of d: its bytes (or link target), mode and owner."""
     return tree_state(d, deep=False)
+
+
+@pytest.fixture(autouse=True)
+def backup_dir(tmp_path, monkeypatch) -> Path:
+    """The store of backups for in-process runs: tmp_path's, as setup() passes it."""
+    from libinject.setup import store
+
+    d = tmp_path / "setup-backups"
+    monkeypatch.setattr(store, "STORE_DIR", str(d))
+    return d
 
 
 @pytest.fixture

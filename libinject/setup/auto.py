@@ -282,7 +282,7 @@ class Paths:
                  crio_bin: str | None = None, docker_config: str | None = None,
                  docker_hook_dir: str | None = None, dockerd_bin: str | None = None,
                  docker_bin: str | None = None, hooks_dir: str | None = None,
-                 cdi_spec: str | None = None) -> None:
+                 cdi_spec: str | None = None, backup_dir: str | None = None) -> None:
         from libinject.apply.cdi_refresh import DEFAULT_OUTPUT
         from libinject.setup import containerd, crio, docker
 
@@ -297,6 +297,7 @@ class Paths:
         self.docker_bin = docker_bin or DOCKER_BIN
         self.hooks_dir = hooks_dir or HOOKS_DIR
         self.cdi_spec = cdi_spec or DEFAULT_OUTPUT
+        self.backup_dir = backup_dir            # None: libinject.setup.store.STORE_DIR
 
 
 def _which(given: str | None, name: str) -> str | None:
@@ -389,12 +390,14 @@ def _engine_call(d: Decision, paths: Paths, *, dry_run: bool) -> str:
 
     if d.engine == "containerd":
         return containerd.setup(paths.containerd_config, set_as_default=d.set_as_default,
-                                cdi=d.enable_cdi, dry_run=dry_run)
+                                cdi=d.enable_cdi, dry_run=dry_run, backup_dir=paths.backup_dir)
     if d.engine == "docker":
         return docker.setup(paths.docker_config, hook_dir=paths.docker_hook_dir,
-                            set_as_default=d.set_as_default, cdi=d.enable_cdi, dry_run=dry_run)
+                            set_as_default=d.set_as_default, cdi=d.enable_cdi, dry_run=dry_run,
+                            backup_dir=paths.backup_dir)
     if d.method == NATIVE:
-        return crio.setup(paths.crio_drop_in, set_as_default=False, dry_run=dry_run)
+        return crio.setup(paths.crio_drop_in, set_as_default=False, dry_run=dry_run,
+                          backup_dir=paths.backup_dir)
     return ""       # CRI-O with the hooks.d hook: its file is one of the shared ones
 
 
@@ -402,7 +405,7 @@ def _hook_target(paths: Paths):
     from libinject.runtime.hooksd import FILES
     from libinject.setup.install import Target
 
-    return Target(os.path.join(paths.hooks_dir, FILES["always"]), make_dirs=True)
+    return Target(os.path.join(paths.hooks_dir, FILES["always"]), store=paths.backup_dir, make_dirs=True)
 
 
 def _nvhook_config(config: str | None) -> str:
@@ -423,7 +426,7 @@ def plan_files(decisions: list[Decision], paths: Paths, config: str | None, *, r
     files: list[tuple[Any, bytes]] = []
     if any(d.runtime_mode == "cdi" for d in decisions):
         cfg_path = _nvhook_config(config)
-        target = Target(cfg_path, make_dirs=True)
+        target = Target(cfg_path, store=paths.backup_dir, make_dirs=True)
         cur = target.read()
         if cur is not None and cur.kind == "link":
             raise NvhookError(f"{target.path} is a symlink: name the file it points to with --config")
@@ -431,7 +434,7 @@ def plan_files(decisions: list[Decision], paths: Paths, config: str | None, *, r
         wanted = config_edit(cur.data if cur is not None else None, target.path, prefixes)
         loaded = _config.parse(wanted, target.path)         # what the shim will read: valid
         files.append((target, wanted))
-        spec = Target(paths.cdi_spec, make_dirs=True)
+        spec = Target(paths.cdi_spec, store=paths.backup_dir, make_dirs=True)
         files.append((spec, podman.spec_text(spec.path, config=cfg_path, root=root, ldcache=ldcache,
                                              user=user, loaded=loaded)))
     if any(d.method == HOOK for d in decisions):
@@ -450,10 +453,12 @@ def apply(decisions: list[Decision], paths: Paths, config: str | None, *, root: 
           ldcache: str | None = None, user: str | None = None, dry_run: bool = False) -> str:
     """Set the engines up as decided; the text to show (dry_run: the diffs)."""
     files = plan_files(decisions, paths, config, root=root, ldcache=ldcache, user=user)
-    # Every engine's file parsed and its change computed before anything is written.
+    # Every engine's file parsed and its change computed (and every backup that would be
+    # refused, refused) before anything is written.
     shown = [_engine_call(d, paths, dry_run=True) for d in decisions]
+    put = _put_files(files, dry_run=True)
     if dry_run:
-        return _put_files(files, dry_run=True) + "".join(shown)
+        return put + "".join(shown)
     return _put_files(files, dry_run=False) + "".join(_engine_call(d, paths, dry_run=False)
                                                       for d in decisions)
 
@@ -470,8 +475,12 @@ def _ours_link(paths: Paths) -> bool:
 
 
 def _has_backup(target) -> bool:
+    from libinject.setup.store import BackupRefused
+
     try:
         return target.has_backup()
+    except BackupRefused:       # one it must not put back: said, not skipped
+        raise
     except NvhookError:         # its directory is not there
         return False
 
@@ -486,18 +495,19 @@ def undo(paths: Paths, config: str | None, *, dry_run: bool = False) -> tuple[st
     main = Target(paths.containerd_config)
     if os.path.isdir(main.dir):
         def run_containerd(dry: bool) -> str:
-            text = containerd.setup(paths.containerd_config, dry_run=dry, undo=True)
+            text = containerd.setup(paths.containerd_config, dry_run=dry, undo=True, backup_dir=paths.backup_dir)
             return "" if text.startswith("nothing to undo") else text
         work.append(("containerd", run_containerd))
     drop = Target(paths.crio_drop_in, os.path.dirname(os.path.dirname(os.path.abspath(paths.crio_drop_in))),
-                  make_dirs=True)
+                  store=paths.backup_dir, make_dirs=True)
     if _has_backup(drop):
-        work.append(("crio", lambda dry: crio.setup(paths.crio_drop_in, dry_run=dry, undo=True)))
-    if _has_backup(Target(paths.docker_config, make_dirs=True)) or _ours_link(paths):
+        work.append(("crio", lambda dry: crio.setup(paths.crio_drop_in, dry_run=dry, undo=True,
+                                                    backup_dir=paths.backup_dir)))
+    if _has_backup(Target(paths.docker_config, store=paths.backup_dir, make_dirs=True)) or _ours_link(paths):
         work.append(("docker", lambda dry: docker.setup(paths.docker_config, hook_dir=paths.docker_hook_dir,
-                                                        dry_run=dry, undo=True)))
-    for t in (_hook_target(paths), Target(paths.cdi_spec, make_dirs=True),
-              Target(_nvhook_config(config), make_dirs=True)):
+                                                        dry_run=dry, undo=True, backup_dir=paths.backup_dir)))
+    for t in (_hook_target(paths), Target(paths.cdi_spec, store=paths.backup_dir, make_dirs=True),
+              Target(_nvhook_config(config), store=paths.backup_dir, make_dirs=True)):
         if _has_backup(t):
             work.append(("", lambda dry, t=t: edit_file(t, None, dry_run=dry, undo=True)[1]))
     # Every file read and parsed (a dry run) before anything is put back.

@@ -19,9 +19,9 @@ drop-in and the main file is left as it is. containerd 1.x replaces a plugin's w
 section with an import's (2.x merges them), so a new drop-in starts with the CRI
 plugin's section as the main file and the other imported files (in containerd's
 order) have it, then gets ours: re-run `nvhook setup containerd` after editing that
-section elsewhere. The drop-in's backup is kept in the directory above it (a glob
-such as conf.d/* would import a backup beside it). Imports of imported files are
-not followed.
+section elsewhere. An earlier nvhook kept the drop-in's backup in the directory above
+it (a glob such as conf.d/* would import a backup beside it); now it is in the store
+like every other. Imports of imported files are not followed.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import os
 
 from libinject.errors import NvhookError
 from libinject.setup import tomldoc
-from libinject.setup.install import Target, edit_file, venv_program
+from libinject.setup.install import Target, edit_file, nothing_to_undo, venv_program
 
 CONFIG = "/etc/containerd/config.toml"
 DROP_IN = "99-nvhook.toml"
@@ -114,21 +114,21 @@ def configure(doc, version: int, path: str, shim: str, *, set_as_default: bool, 
 
 
 def setup(config: str = CONFIG, *, set_as_default: bool = False, cdi: bool = False,
-          dry_run: bool = False, undo: bool = False) -> str:
+          dry_run: bool = False, undo: bool = False, backup_dir: str | None = None) -> str:
     """Configure (or undo) containerd for nvhook; the text to show."""
-    main = Target(config)
+    main = Target(config, store=backup_dir)
     cur = main.read()
     if cur is not None and cur.kind == "link":
         raise NvhookError(f"{main.path} is a symlink: name the file it points to with --config")
     doc = tomldoc.parse(cur.data if cur is not None else None, main.path)
     version = version_of(doc, main.path)
     drop = drop_in_path(doc, main.path)
-    drop_target = (Target(drop, os.path.dirname(os.path.dirname(drop)), make_dirs=True)
+    drop_target = (Target(drop, os.path.dirname(os.path.dirname(drop)), store=backup_dir, make_dirs=True)
                    if drop else None)
     if undo:
         done = [t for t in (drop_target, main) if t is not None and t.has_backup()]
         if not done:
-            return f"nothing to undo: no {main.backup_name} or {main.name}.nvhook-none beside {main.path}\n"
+            return nothing_to_undo(main.path)
         text = "".join(edit_file(t, None, dry_run=dry_run, undo=True)[1] for t in done)
         return text + ("" if dry_run else RESTART + "\n")
     shim = venv_program("nvhook-runtime")

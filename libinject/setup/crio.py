@@ -3,8 +3,8 @@ handler `nvidia` ([crio.runtime.runtimes.nvidia]: runtime_path = this install's
 nvhook-runtime, runtime_type = "oci"), and with set_as_default
 [crio.runtime] default_runtime = "nvidia". CRI-O applies drop-ins in name order after
 crio.conf, so 99- comes late; other drop-ins are not touched. CRI-O reads every file
-under crio.conf.d (subdirectories too), so the drop-in's backup is kept in the
-directory above it (/etc/crio). An existing file of that name is edited in place
+under crio.conf.d (subdirectories too), so an earlier nvhook kept the drop-in's backup
+in the directory above it (/etc/crio); now it is in the store like every other. An existing file of that name is edited in place
 (comments and other keys survive). CRI-O always applies CDI devices (cdi_spec_dirs
 default to /etc/cdi and /var/run/cdi): `nvhook setup podman` writes the spec.
 """
@@ -30,10 +30,10 @@ def configure(doc, path: str, shim: str, *, set_as_default: bool) -> None:
 
 
 def setup(config: str = DROP_IN, *, set_as_default: bool = False, dry_run: bool = False,
-          undo: bool = False) -> str:
+          undo: bool = False, backup_dir: str | None = None) -> str:
     """Write (or undo) CRI-O's drop-in; the text to show."""
     path = os.path.abspath(config)
-    target = Target(path, os.path.dirname(os.path.dirname(path)), make_dirs=True)
+    target = Target(path, os.path.dirname(os.path.dirname(path)), store=backup_dir, make_dirs=True)
     shim = None if undo else venv_program("nvhook-runtime")
 
     def edit(data: bytes | None) -> bytes:

@@ -104,9 +104,11 @@ def _link(hook_dir: str, front: str, *, dry_run: bool, undo: bool) -> str:
 
 
 def setup(config: str = DAEMON_JSON, *, hook_dir: str = HOOK_DIR, set_as_default: bool = False,
-          cdi: bool = False, dry_run: bool = False, undo: bool = False) -> str:
-    """Configure (or undo) dockerd for nvhook; the text to show."""
-    target = Target(config, make_dirs=True)
+          cdi: bool = False, dry_run: bool = False, undo: bool = False,
+          backup_dir: str | None = None) -> str:
+    """Configure (or undo) dockerd for nvhook; the text to show (backup_dir: the
+    store's, default libinject.setup.store.STORE_DIR)."""
+    target = Target(config, store=backup_dir, make_dirs=True)
     shim = None if undo else venv_program("nvhook-runtime")
     front = venv_program("nvhook-hook", check=not undo)
     changed, text = edit_file(target, lambda data: edit(data, target.path, shim,

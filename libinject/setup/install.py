@@ -2,26 +2,32 @@
 there before kept for --undo, and the change shown as a unified diff for --dry-run.
 
 A Target is one file nvhook manages. The first run that changes it keeps what was
-there (bytes, mode, owner; or the symlink) as NAME.nvhook-backup in the target's backup
-directory, or an empty NAME.nvhook-none when there was nothing; later runs keep that
-first backup, so --undo always puts back what was there before nvhook. The backup
-directory is the file's own unless the file is a drop-in in a directory the engine
-reads whole (CRI-O reads every file under crio.conf.d, subdirectories too): then it is
-the parent of that directory. Writes go through libinject.linux.atomic (a temp file
-made with O_EXCL | O_NOFOLLOW, fsync'ed, renamed over the name; directories opened
-with O_NOFOLLOW): a reader sees the old file or the new one.
+there (bytes, mode, owner; or the symlink; or that there was nothing) as a sealed
+record in the store (libinject.setup.store: /var/lib/nvhook/setup, root's alone);
+later runs keep that first record, so --undo always puts back what was there before
+nvhook. Nothing is kept beside the file any more: a directory there may be writable by
+others, and a backup planted in it was put back. An earlier nvhook's NAME.nvhook-backup
+(or empty NAME.nvhook-none) beside the file -- or, for a drop-in in a directory the
+engine reads whole, in the directory above -- is still put back by --undo when only
+root could have put it there (Target._legacy); any other is refused, as is a store
+record this node's key did not seal. Writes go through libinject.linux.atomic (a temp
+file made with O_EXCL | O_NOFOLLOW, fsync'ed, renamed over the name; directories
+opened with O_NOFOLLOW): a reader sees the old file or the new one.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 from libinject.errors import NvhookError
+from libinject.setup import store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable
+    from typing import Callable, NoReturn
 
+# An earlier nvhook's backups beside the file (read by --undo, never written now):
 BACKUP = ".nvhook-backup"       # NAME + this: the file that was there before the first run
 NONE = ".nvhook-none"           # NAME + this (empty): there was none, --undo removes NAME
 MAX_FILE = 1 << 20
@@ -151,9 +157,9 @@ def open_dir(path: str, what: str = "directory") -> int:
 
 
 class Installed:
-    """What Target.install did: changed (False: the file was already as wanted) and the
-    backup it kept this time (its name, or path when not beside the file; None: none
-    kept, or one kept by an earlier run)."""
+    """What Target.install did: changed (False: the file was already as wanted) and
+    where it kept what was there (None: nothing kept this time, or an earlier run kept
+    it, or there was no file)."""
 
     __slots__ = ("changed", "backup")
 
@@ -161,30 +167,56 @@ class Installed:
         self.changed, self.backup = changed, backup
 
 
-class Target:
-    """One file nvhook manages: `path`, with its backups in `backup_dir` (default: the
-    file's own directory). With `make_dirs`, a missing directory is made (0755) when the
-    file is first written."""
+class Saved:
+    """What the first run found at a target: `entry` (None: there was no file), kept
+    at `where` (a record of the store, or an earlier nvhook's NAME.nvhook-backup /
+    NAME.nvhook-none: `legacy`, the names to remove once it is put back)."""
 
-    def __init__(self, path: str, backup_dir: str | None = None, *, make_dirs: bool = False,
-                 limit: int = MAX_FILE) -> None:
+    __slots__ = ("entry", "where", "legacy")
+
+    def __init__(self, entry: Entry | None, where: str, legacy: tuple[str, ...] = ()) -> None:
+        self.entry, self.where, self.legacy = entry, where, legacy
+
+
+def _entry_of(rec: store.Record) -> Entry | None:
+    if rec.kind == "none":
+        return None
+    fmt = stat.S_IFLNK if rec.kind == "link" else stat.S_IFREG
+    st = os.stat_result((fmt | rec.mode, 0, 0, 1, rec.uid, rec.gid, len(rec.data), 0, 0, 0))
+    return Entry(rec.kind, rec.data, st)
+
+
+def _record_of(path: str, cur: Entry | None) -> store.Record:
+    if cur is None:
+        return store.Record(path, "none")
+    st = cur.st
+    assert st is not None
+    return store.Record(path, cur.kind, cur.data, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+
+
+class Target:
+    """One file nvhook manages: `path`, with what was there before the first run kept
+    in the store (libinject.setup.store: `store`, default STORE_DIR). `legacy_dir` is
+    where an earlier nvhook kept its NAME.nvhook-backup (default: the file's own
+    directory), still put back by --undo when it is provably root's (_legacy). With
+    `make_dirs`, a missing directory is made (0755) when the file is first written."""
+
+    def __init__(self, path: str, legacy_dir: str | None = None, *, store: str | None = None,
+                 make_dirs: bool = False, limit: int = MAX_FILE) -> None:
         self.path = os.path.abspath(path)
         self.dir, self.name = os.path.split(self.path)
-        self.backup_dir = os.path.abspath(backup_dir) if backup_dir else self.dir
+        self.legacy_dir = os.path.abspath(legacy_dir) if legacy_dir else self.dir
+        self.store = store
         self.make_dirs = make_dirs
         self.limit = limit
 
     @property
-    def backup_name(self) -> str:
-        return self.name + BACKUP
+    def store_dir(self) -> str:
+        return self.store or store.STORE_DIR
 
     @property
-    def backup_path(self) -> str:
-        return os.path.join(self.backup_dir, self.backup_name)
-
-    def _shown(self, name: str) -> str:
-        """A backup's name as messages show it: bare when it is beside the file."""
-        return name if self.backup_dir == self.dir else os.path.join(self.backup_dir, name)
+    def backup_name(self) -> str:
+        return self.name + BACKUP
 
     # -- reading --
 
@@ -204,20 +236,74 @@ class Target:
         finally:
             os.close(dfd)
 
-    def saved(self) -> tuple[Entry | None, bool]:
-        """(the backup kept by the first run, whether that run found no file)."""
-        bfd = self._dfd(self.backup_dir)
+    def saved(self) -> Saved | None:
+        """What the first run found (None: no backup). store.BackupRefused for one
+        nvhook cannot show it wrote: the store's record when there is one, else an
+        earlier nvhook's beside the file."""
+        found = store.read(self.store_dir, self.path, self.limit)
+        if found is not None:
+            rec, where = found
+            return Saved(_entry_of(rec), where)
+        return self._legacy()
+
+    def _legacy(self) -> Saved | None:
+        """An earlier nvhook's NAME.nvhook-backup (or empty NAME.nvhook-none) in
+        legacy_dir, trusted only if nobody but root could have put it there: a regular
+        file, root's, writable by nobody else, with one link, in a directory of root's
+        that nobody else can write (not even a sticky one). Anything else is refused:
+        a user who could write that directory may have planted it."""
+        bfd = self._dfd(self.legacy_dir)
         if bfd is None:
-            return None, False
+            return None
         try:
-            return (Entry.read(bfd, self.backup_name, self.backup_path, self.limit),
-                    exists(bfd, self.name + NONE))
+            names = [n for n in (self.backup_name, self.name + NONE) if exists(bfd, n)]
+            if not names:
+                return None
+            dst = os.fstat(bfd)
+            shown = os.path.join(self.legacy_dir, names[0])
+            if dst.st_uid != 0 or dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                self._refuse(shown, f"its directory {self.legacy_dir} is not root's alone")
+            entries = [self._legacy_file(bfd, n) for n in names]
         finally:
             os.close(bfd)
+        # Both there (never by one nvhook): the backup is what to put back, as before.
+        entry = entries[0] if names[0] == self.backup_name else None
+        if entry is None and entries[0].data:
+            self._refuse(shown, "not empty")
+        return Saved(entry, shown, tuple(names))
+
+    def _legacy_file(self, bfd: int, name: str) -> Entry:
+        shown = os.path.join(self.legacy_dir, name)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=bfd)
+        except OSError as e:
+            self._refuse(shown, "a symlink" if e.errno == errno.ELOOP else e.strerror)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._refuse(shown, "not a regular file")
+            if st.st_uid != 0:
+                self._refuse(shown, f"owned by uid {st.st_uid}, not root")
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                self._refuse(shown, f"mode {oct(stat.S_IMODE(st.st_mode))}: writable by others")
+            if st.st_nlink != 1:
+                self._refuse(shown, f"{st.st_nlink} links to it")
+            if st.st_size > self.limit:
+                self._refuse(shown, f"larger than {self.limit} bytes")
+            data = store.read_all(fd, self.limit)
+        finally:
+            os.close(fd)
+        if len(data) > self.limit:
+            self._refuse(shown, f"larger than {self.limit} bytes")
+        return Entry("file", data, st)
+
+    def _refuse(self, shown: str, why: str) -> NoReturn:
+        raise store.BackupRefused(f"{shown}: not trusted as the backup an earlier nvhook kept of "
+                                  f"{self.path} ({why}); not restored, nothing changed (check it, "
+                                  "then put it back by hand or remove it)")
 
     def has_backup(self) -> bool:
-        backup, had_none = self.saved()
-        return backup is not None or had_none
+        return self.saved() is not None
 
     # -- writing --
 
@@ -233,58 +319,57 @@ class Target:
         """Put `wanted` at path (`cur`: what read() found), keeping what was there first."""
         if wanted.same(cur):
             return Installed(False, None)
+        kept = self.saved() is not None         # refused: before anything is written
         dfd = self._made_dir(self.dir)
         try:
-            bfd = dfd if self.backup_dir == self.dir else self._made_dir(self.backup_dir)
+            made = None if kept else store.write(self.store_dir, _record_of(self.path, cur))
             try:
-                made = None
-                if not exists(bfd, self.backup_name) and not exists(bfd, self.name + NONE):
-                    made = self.name + (NONE if cur is None else BACKUP)
-                    (Entry.file(b"") if cur is None else cur).put(bfd, made)
-                try:
-                    wanted.put(dfd, self.name)
-                except BaseException:
-                    if made:
-                        unlink(bfd, made)
-                    raise
-                return Installed(True, self._shown(made) if made and cur is not None else None)
-            finally:
-                if bfd != dfd:
-                    os.close(bfd)
+                wanted.put(dfd, self.name)
+            except BaseException:
+                if made:
+                    store.remove(self.store_dir, self.path)
+                raise
+            return Installed(True, made if cur is not None else None)
         finally:
             os.close(dfd)
 
     def undo(self) -> str | None:
         """Put back what the first run found (or remove the file if it found none) and
         drop the backup: what was done, or None if there is no backup."""
-        backup, had_none = self.saved()
-        if backup is None and not had_none:
+        saved = self.saved()
+        if saved is None:
             return None
         dfd = open_dir(self.dir)
         try:
-            bfd = dfd if self.backup_dir == self.dir else open_dir(self.backup_dir)
-            try:
-                if backup is not None:
-                    backup.put(dfd, self.name)
-                    what = f"restored {self.path} from {self._shown(self.backup_name)}"
-                else:
-                    unlink(dfd, self.name)
-                    what = f"removed {self.path}"
-                for name in (self.backup_name, self.name + NONE):
-                    unlink(bfd, name)
-                return what
-            finally:
-                if bfd != dfd:
-                    os.close(bfd)
+            if saved.entry is not None:
+                saved.entry.put(dfd, self.name)
+                what = f"restored {self.path} from {saved.where}"
+            else:
+                unlink(dfd, self.name)
+                what = f"removed {self.path}"
         finally:
             os.close(dfd)
+        if saved.legacy:
+            bfd = open_dir(self.legacy_dir)
+            try:
+                for name in saved.legacy:
+                    unlink(bfd, name)
+            finally:
+                os.close(bfd)
+        else:
+            store.remove(self.store_dir, self.path)
+        return what
 
     def undo_diff(self) -> str | None:
         """--undo --dry-run: the diff undo() would make, or None if there is no backup."""
-        backup, had_none = self.saved()
-        if backup is None and not had_none:
+        saved = self.saved()
+        if saved is None:
             return None
-        return diff(self.path, self.read(), backup)
+        return diff(self.path, self.read(), saved.entry)
+
+
+def nothing_to_undo(path: str) -> str:
+    return f"nothing to undo: nvhook setup has kept no backup of {path}\n"
 
 
 def edit_file(target: Target, edit: Callable[[bytes | None], bytes], *, dry_run: bool = False,
@@ -296,13 +381,15 @@ def edit_file(target: Target, edit: Callable[[bytes | None], bytes], *, dry_run:
     if undo:
         text = target.undo_diff() if dry_run else target.undo()
         if text is None:
-            return False, f"nothing to undo: no {target.backup_name} or {target.name + NONE} in {target.backup_dir}\n"
+            return False, nothing_to_undo(target.path)
         return True, text if dry_run else text + "\n"
     cur = target.read()
     if cur is not None and cur.kind == "link":
         raise NvhookError(f"{target.path} is a symlink: name the file it points to with --config")
     wanted = Entry.file(edit(cur.data if cur is not None else None), cur)
     if dry_run:
+        if not wanted.same(cur):
+            target.saved()      # a backup the real run would refuse: refused now
         return not wanted.same(cur), diff(target.path, cur, wanted)
     done = target.install(wanted, cur)
     if not done.changed:

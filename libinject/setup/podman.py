@@ -33,9 +33,9 @@ def spec_text(path: str, *, config: str | None = None, root: str | None = None,
 
 def setup(config: str = SPEC, *, nvhook_config: str | None = None, root: str | None = None,
           ldcache: str | None = None, user: str | None = None, dry_run: bool = False,
-          undo: bool = False) -> str:
+          undo: bool = False, backup_dir: str | None = None) -> str:
     """Write (or undo) the CDI spec; the text to show."""
-    target = Target(config, make_dirs=True)
+    target = Target(config, store=backup_dir, make_dirs=True)
     text = b""
     if not undo:
         text = spec_text(target.path, config=nvhook_config, root=root, ldcache=ldcache, user=user)

@@ -3,8 +3,8 @@
 The unit comes from the template contrib/nvhook-serve.service with ExecStart set to
 this install's hook front (the nvhook-hook next to this venv's python; a `--config`
 is passed on to it), written with the shared mechanics (libinject.setup.install: the
-unit there before is kept beside it as UNIT.nvhook-backup, or an empty UNIT.nvhook-none,
-the first time; --undo puts exactly that back). When systemd runs here (and the
+unit there before, or that there was none, is kept in the store the first time;
+--undo puts exactly that back). When systemd runs here (and the
 directory is one of its unit directories): `systemctl daemon-reload`, then
 `systemctl enable --now` (unless no_start), each with a deadline. Errors raise
 NvhookError and change nothing -- except a systemctl step failing after the unit was
@@ -16,7 +16,7 @@ import os
 
 from libinject.errors import NvhookError
 from libinject.record import record
-from libinject.setup.install import BACKUP, NONE, Entry, Target, diff, open_dir
+from libinject.setup.install import Entry, Target, diff, nothing_to_undo, open_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -94,13 +94,14 @@ def _steps_text(steps: list[tuple[str, ...]]) -> str:
 
 
 def setup(unit_dir: str = UNIT_DIR, *, config: str | None = None, dry_run: bool = False,
-          undo: bool = False, no_start: bool = False, systemd: Systemd | None = None) -> str:
+          undo: bool = False, no_start: bool = False, systemd: Systemd | None = None,
+          backup_dir: str | None = None) -> str:
     """Install (or undo) the unit in unit_dir; the text to show."""
     systemd = systemd or Systemd()
     unit_dir = os.path.abspath(unit_dir)
     wanted = None if undo else Entry.file(render_unit(read_template(), front(), serve_config(config)))
     os.close(open_dir(unit_dir, "unit directory"))     # a missing one: this message
-    target = Target(os.path.join(unit_dir, UNIT), limit=MAX_UNIT)
+    target = Target(os.path.join(unit_dir, UNIT), store=backup_dir, limit=MAX_UNIT)
     if undo:
         return _undo(target, dry_run, no_start, systemd)
     return _install(target, wanted, dry_run, no_start, systemd)
@@ -121,6 +122,8 @@ def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, syste
         if not no_start:
             steps += [("try-restart", UNIT)] if changed else []
             steps.append(("enable", "--now", UNIT))
+    if changed:
+        target.saved()      # a backup it must refuse: refused before anything is run or shown
     if dry_run:
         return diff(path, cur, wanted) + _steps_text(steps)
     what = f"unchanged: {path}"
@@ -140,9 +143,10 @@ def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, syste
 
 def _undo(target: Target, dry_run: bool, no_start: bool, systemd: Systemd) -> str:
     path = target.path
-    backup, had_none = target.saved()
-    if backup is None and not had_none:
-        return f"nothing to undo: neither {UNIT + BACKUP} nor {UNIT + NONE} is beside {path}\n"
+    saved = target.saved()
+    if saved is None:
+        return nothing_to_undo(path)
+    backup = saved.entry
     cur = target.read()
     why_not = systemd.unusable(target.dir)
     before: list[tuple[str, ...]] = []
