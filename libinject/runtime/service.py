@@ -152,7 +152,7 @@ PRELOAD = (
     "libinject.discover.decode", "libinject.discover.procfs", "libinject.discover.graphics",
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
-    "libinject.apply.ldcache_merge", "_prctl",
+    "libinject.apply.ldcache_merge", "_prctl", "libinject.runtime.ceiling",
 )
 
 
