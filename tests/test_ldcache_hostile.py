@@ -328,3 +328,191 @@ def _worker_while_busy(server, proc: subprocess.Popen) -> tuple[str, str] | None
                 return adj, data
         time.sleep(0.005)
     return None
+
+
+# -- a seeded fuzz of mutated real caches ------------------------------------------------------
+FUZZ_SEED = 19
+FUZZ_MUTANTS = 150          # per seed cache
+FUZZ_FACTOR = 16            # parse + merge + build, times the file's size (+ SLACK)
+OURS = (b"libnvhookfuzz.so.1", b"/fuzz/libnvhookfuzz.so.1", 0x0303, 0, 0, 0)
+
+
+def _libcmp(a: bytes, b: bytes) -> int:
+    """glibc's _dl_cache_libcmp, as written in dl-cache.c (digit runs compare as
+    numbers, above any other character): > 0 when a sorts after b."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if 48 <= a[i] <= 57:
+            if 48 <= b[j] <= 57:
+                x = i
+                while i < len(a) and 48 <= a[i] <= 57:
+                    i += 1
+                y = j
+                while j < len(b) and 48 <= b[j] <= 57:
+                    j += 1
+                va, vb = int(a[x:i]), int(b[y:j])
+                if va != vb:
+                    return va - vb
+            else:
+                return 1
+        elif 48 <= b[j] <= 57:
+            return -1
+        else:
+            if a[i] != b[j]:
+                return a[i] - b[j]
+            i += 1
+            j += 1
+    return (i < len(a)) - (j < len(b))
+
+
+def _ref_compare(x, y) -> int:
+    """cache.c compare() on discover.ldcache entries (name, flags, hwcap, osversion):
+    < 0 when x comes first in the file (descending libcmp, then flags...)."""
+    d = _libcmp(y[0], x[0])
+    if d:
+        return d
+    if x[1] != y[1]:
+        return y[1] - x[1]
+    return 0        # (glibc-hwcaps order: ours has none; stable for the rest)
+
+
+def _mutants(data: bytes, rng: random.Random):
+    """Mutations of a cache: flipped bytes, 32-bit fields set to edge values (offsets,
+    counts), a slice repeated or cut, the file truncated."""
+    n = len(data)
+    edges = [0, 1, 47, 48, n // 2, n - 1, n, n + 1, 0x7FFFFFFF, 0xFFFFFFFF, 1 << 16, 1 << 20]
+    for _ in range(FUZZ_MUTANTS):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            op = rng.choices(range(7), weights=(6, 6, 1, 1, 1, 2, 2))[0]
+            at = rng.randrange(len(b)) if b else 0
+            if op == 0 and b:
+                b[at] ^= 1 << rng.randrange(8)
+            elif op == 1 and len(b) >= 4:
+                at -= at % 4
+                b[at:at + 4] = struct.pack("<I", rng.choice(edges) if rng.random() < 0.7 else
+                                           struct.unpack_from("<I", b, rng.randrange(len(b) - 3) & ~3)[0])
+            elif op == 2:
+                end = min(len(b), at + rng.randrange(1, 256))
+                b[at:at] = b[at:end] * rng.randrange(1, 8)
+            elif op == 3:
+                del b[at:at + rng.randrange(1, 64)]
+            elif op == 4:
+                del b[rng.randrange(len(b) + 1):]
+            elif op == 5:       # strings run together: a window of the file without NULs
+                end = min(len(b), at + rng.randrange(1, len(b) // 2 + 2))
+                b[at:end] = b[at:end].replace(b"\0", b"l")
+            elif len(b) > 48 + 24 * 4:     # many entries name one string (key or value)
+                first = rng.randrange((len(b) - 48) // 24)
+                field = 48 + first * 24 + rng.choice((4, 8))
+                v = b[field:field + 4]
+                for i in range(first, min(first + rng.randrange(2, 400), (len(b) - 48) // 24)):
+                    b[48 + i * 24 + 4:48 + i * 24 + 12] = v + v
+        yield bytes(b)
+
+
+def _merge_bytes(data: bytes) -> bytes:
+    """What merge() makes of an image cache, less the rootfs: parse, check, rank (no
+    entry in our folder), insert OURS, rebuild."""
+    c = M.parse(data)
+    keys = M._Keys()
+    M._check_sorted(c, keys)
+    bases = M._bases(c)
+    return M._combine(c, [b"/fuzz"], bases, [1] * len(bases), [OURS], keys)
+
+
+def _entries(data: bytes) -> list[tuple]:
+    from libinject.discover import ldcache
+
+    return [(os.fsencode(e.name), e.flags, e.hwcap, os.fsencode(e.path))
+            for e in ldcache.parse(data)]
+
+
+@pytest.fixture(scope="module")
+def seed_caches(tmp_path_factory) -> list[bytes]:
+    tmp = tmp_path_factory.mktemp("seeds")
+    return [Path("/etc/ld.so.cache").read_bytes()] + [
+        (make_image(tmp / layout, layout) / "etc/ld.so.cache").read_bytes()
+        for layout in ("hwcaps", "compat", "duplicates")]
+
+
+def test_fuzz_mutated_caches(seed_caches):
+    """Seeded mutants of real caches (the host's; images with glibc-hwcaps, compat
+    format, duplicates): merging OURS into each either falls back (Unsupported, nothing
+    else) or gives a cache that glibc's reader (read back independently) lists as the
+    mutant's entries with OURS inserted where cache.c's compare puts it; peak memory at
+    most FUZZ_FACTOR times the mutant's size. The seeds themselves merge."""
+    rng = random.Random(FUZZ_SEED)
+    outcomes = {"merged": 0, "fallback": 0}
+    bad = []
+    for seed in seed_caches:
+        for data in [seed, *_mutants(seed, rng)]:
+            tracemalloc.start()
+            try:
+                out = _merge_bytes(data)
+            except M.Unsupported:
+                out = None
+            except Exception as e:  # noqa: BLE001 - the finding, reported below
+                out = e
+            finally:
+                _, peak = tracemalloc.get_traced_memory()
+                tracemalloc.stop()
+            if isinstance(out, Exception) or peak > FUZZ_FACTOR * len(data) + SLACK:
+                bad.append((data, repr(out)[:200], peak))
+                continue
+            if out is None:
+                outcomes["fallback"] += 1
+                continue
+            outcomes["merged"] += 1
+            import functools
+
+            image = _entries(data)
+            want = sorted([(OURS[0], OURS[2], 0, OURS[1]), *image],
+                          key=functools.cmp_to_key(_ref_compare))
+            if _entries(out) != want:
+                bad.append((data, "merged cache is not the mutant's entries and ours, in order", peak))
+    assert (bad[:3], outcomes["merged"] >= len(seed_caches), outcomes["fallback"] > 0) == \
+        ([], True, True), outcomes
+
+
+# -- musl's .path ------------------------------------------------------------------------------
+def _musl(rootfs: Path, folders: list[str]) -> str:
+    # runs in in_ns's child
+    from libinject.apply import ldconfig
+    from libinject.apply.rootfs import RootFS
+    from libinject.errors import NvhookError
+
+    root = RootFS(str(rootfs))
+    try:
+        return ldconfig.update(root, folders)
+    except NvhookError as e:
+        return f"error: {e}"
+    finally:
+        root.close()
+
+
+def test_musl_path_file_larger_than_musl_reads_is_one_error(rootfs):
+    """An image's /etc/ld-musl-x86_64.path of 2 MiB (a real one: ~30 bytes) is one
+    error naming it, read no further than the bound and left as it was (it was read up to
+    1 MiB, split into a string per word, and rewritten cut short)."""
+    from libinject.apply.ldconfig import MAX_MUSL_PATH
+    from support.applyenv import LIBDIR, in_ns
+
+    (rootfs / "lib/ld-musl-x86_64.so.1").write_text("musl loader")
+    path = rootfs / "etc/ld-musl-x86_64.path"
+    data = b"/lib\n" + b"/x\n" * (1 << 20)
+    path.write_bytes(data)
+    got = in_ns(_musl, rootfs, [LIBDIR])
+    assert (got, path.read_bytes() == data) == (
+        f"error: /etc/ld-musl-x86_64.path in the rootfs: larger than {MAX_MUSL_PATH} bytes", True)
+
+
+def test_musl_path_file_bytes_are_kept(rootfs):
+    """Folders that are not UTF-8 stay the bytes they were (they became U+FFFD)."""
+    from support.applyenv import LIBDIR, in_ns
+
+    (rootfs / "lib/ld-musl-x86_64.so.1").write_text("musl loader")
+    path = rootfs / "etc/ld-musl-x86_64.path"
+    path.write_bytes(b"/lib:/opt/\xff\xfe\n")
+    assert in_ns(_musl, rootfs, [LIBDIR]) == "musl"
+    assert path.read_bytes() == b"/lib\n/opt/\xff\xfe\n" + LIBDIR.encode() + b"\n"
