@@ -56,7 +56,11 @@ not cover the image (Unsupported, raised before anything is changed):
 - no /etc/ld.so.cache, or not a regular file (symlink, fifo, directory...), larger
   than rootfs.SAVE_LIMIT, unreadable, or not a cache this module parses completely
   (old format only, big-endian, bad offsets, unknown extension sections, legacy
-  hwcap entries, an unsorted table, non-ASCII or absurd SONAMEs);
+  hwcap entries, an unsorted table, non-ASCII or absurd SONAMEs: control characters,
+  longer than a file name; strings shared more than ldconfig's string table shares them,
+  more glibc-hwcaps names than entries, strings no entry names beyond a few). parse()
+  bounds its memory and time by the file's size before it allocates anything per entry
+  (tests/test_ldcache_hostile.py measures it, and fuzzes it);
 - a folder that none of our library mounts is in (CUDA forward-compat directory in
   cuda-compat-mode=ldconfig, CDI's update-ldcache hook), something else mounted into a
   folder (cuda-compat-mode=mount), two folders that are one directory, a folder the

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import resource
 
-MEMORY_CEILING = 512 << 20   # RLIMIT_DATA; a normal start: ~15 MiB (the README has the numbers)
+MEMORY_CEILING = 512 << 20   # RLIMIT_DATA; a normal start: < 25 MiB of data (a100x8, served or not)
 OOM_SCORE_ADJ = 0           # at least this
 
 
