@@ -56,7 +56,11 @@ not cover the image (Unsupported, raised before anything is changed):
 - no /etc/ld.so.cache, or not a regular file (symlink, fifo, directory...), larger
   than rootfs.SAVE_LIMIT, unreadable, or not a cache this module parses completely
   (old format only, big-endian, bad offsets, unknown extension sections, legacy
-  hwcap entries, an unsorted table, non-ASCII or absurd SONAMEs);
+  hwcap entries, an unsorted table, non-ASCII or absurd SONAMEs: control characters,
+  longer than a file name; strings shared more than ldconfig's string table shares them,
+  more glibc-hwcaps names than entries, strings no entry names beyond a few). parse()
+  bounds its memory and time by the file's size before it allocates anything per entry
+  (tests/test_ldcache_hostile.py measures it, and fuzzes it);
 - a folder that none of our library mounts is in (CUDA forward-compat directory in
   cuda-compat-mode=ldconfig, CDI's update-ldcache hook), something else mounted into a
   folder (cuda-compat-mode=mount), two folders that are one directory, a folder the
@@ -83,7 +87,9 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import sys
 from itertools import accumulate, compress, repeat
+from operator import itemgetter
 
 from libinject.errors import NvhookError
 from libinject.linux.proc import proc_fd
@@ -126,6 +132,8 @@ last_fallback: str | None = None     # why the last ldconfig.update() ran ldconf
 MAX_DIRS = 4096     # directories an image's cache may name (real ones: a few dozen)
 MAX_NAME = 255      # a SONAME longer than a file name (NAME_MAX) is no library ldconfig met
 MAX_PATH = 4095     # nor a path longer than PATH_MAX
+STRING_COPIES = 4   # the strings entries name, copied: at most this many times the table
+MAX_ORPHANS = 64    # strings in the table no entry names (ldconfig's: unused hwcaps dirs)
 
 
 class Unsupported(Exception):
@@ -135,6 +143,8 @@ class Unsupported(Exception):
 # -- what ldconfig compares --------------------------------------------------------------
 _DIGITS_TO_NUL = bytes.maketrans(b"0123456789", b"\0" * 10)
 _OTHERS_TO_NUL = bytes(b if 0x30 <= b <= 0x39 else 0 for b in range(256))
+# _check_sorted's: digits -> NUL (where a head ends), control characters -> 1 (refused)
+_MARK = bytes(0 if 0x30 <= b <= 0x39 else 1 if b < 0x20 or b == 0x7F else b for b in range(256))
 
 
 def _libkey(name: bytes) -> list:
@@ -208,7 +218,11 @@ class Cache:
 
 def parse(data: bytes) -> Cache:
     """Parse a whole cache file, checking every offset; Unsupported if anything is not
-    as ldconfig writes it (a hostile image's bytes are only ever data here)."""
+    as ldconfig writes it (a hostile image's bytes are only ever data here). Memory and
+    time are bounded by len(data) before anything is allocated for an entry: the entries
+    are read as columns of the file's own bytes, each string the entries name is copied
+    once however many entries name it, none longer than MAX_PATH, and all of them at most
+    STRING_COPIES times the string table."""
     c = Cache()
     if data.startswith(MAGIC_NEW):
         base = 0
@@ -227,7 +241,7 @@ def parse(data: bytes) -> Cache:
     if len(data) - base < _NEW_HEAD.size:
         raise Unsupported("truncated cache")
     _, n, len_strings, c.endian, ext = _NEW_HEAD.unpack_from(data, base)
-    if c.endian not in (0, 2):
+    if c.endian not in (0, 2) or sys.byteorder != "little":
         raise Unsupported("cache not little-endian")
     lo = _NEW_HEAD.size + n * _NEW_ENTRY.size       # the strings, from the new header
     hi = lo + len_strings
@@ -236,24 +250,32 @@ def parse(data: bytes) -> Cache:
     table = data[base + lo:base + hi]
     if table[-1:] != b"\0":
         raise Unsupported("string table not terminated")
-    flags, keys, values, osv, hwcap = zip(*_NEW_ENTRY.iter_unpack(data[base + _NEW_HEAD.size:base + lo]))
+    # The entries' fields, column by column, straight from the file's bytes (24-byte
+    # entries, 8-aligned: int32 flags, uint32 key, value, osversion, uint64 hwcap).
+    with memoryview(data)[base + _NEW_HEAD.size:base + lo] as raw:
+        with raw.cast("I") as words, raw.cast("i") as ints, raw.cast("Q") as quads:
+            keys, values = words[1::6].tolist(), words[2::6].tolist()
+            c.flags, c.osversion, c.hwcap = ints[0::6].tolist(), words[3::6].tolist(), quads[2::3].tolist()
     if min(keys) < lo or min(values) < lo or max(keys) >= hi or max(values) >= hi:
         raise Unsupported("string offset outside the string table")
-    find = table.index
-    c.names = [table[o - lo:find(b"\0", o - lo)] for o in keys]
-    c.paths = [table[o - lo:find(b"\0", o - lo)] for o in values]
-    if not all(c.names) or not all(c.paths):
-        raise Unsupported("an empty name or path")
-    if max(map(len, c.names)) > MAX_NAME or max(map(len, c.paths)) > MAX_PATH:
-        raise Unsupported("a name or path longer than ldconfig writes")
-    c.flags, c.osversion, c.hwcap = list(flags), list(osv), list(hwcap)
-    refs = set(keys)
-    refs.update(values)
+    hw_offs: list[int] = []
     if ext:
         c.extension = True
-        _parse_extension(c, data, ext, table, lo, refs)
+        hw_offs = _parse_extension(c, data, ext, n)
+        if hw_offs and (min(hw_offs) < lo or max(hw_offs) >= hi):
+            raise Unsupported("glibc-hwcaps name outside the string table")
+    refs = set(keys)
+    refs.update(values, hw_offs)
+    strings = _strings(table, lo, refs)
+    c.names = list(map(strings.__getitem__, keys))
+    c.paths = list(map(strings.__getitem__, values))
+    c.hwcaps = list(map(strings.__getitem__, hw_offs))
+    if not all(c.names) or not all(c.paths):
+        raise Unsupported("an empty name or path")
+    if max(map(len, c.names)) > MAX_NAME or max(map(len, c.hwcaps), default=0) > MAX_NAME:
+        raise Unsupported("a name or path longer than ldconfig writes")
     used = set()
-    for hw in set(hwcap):
+    for hw in set(c.hwcap):
         if hw & HWCAP_EXTENSION:
             used.add(hw & 0xFFFFFFFF)
         elif hw:
@@ -261,37 +283,71 @@ def parse(data: bytes) -> Cache:
     if used != set(range(len(c.hwcaps))) or c.hwcaps != sorted(c.hwcaps):
         raise Unsupported("glibc-hwcaps section not as ldconfig writes it")
     # Strings the table holds that nothing refers to (names of glibc-hwcaps
-    # subdirectories without libraries): ldconfig adds them again, so keep them.
-    chunks = table[:-1].split(b"\0")
-    if len(chunks) > len(refs) - len(c.names):   # else every chunk is some entry's path
+    # subdirectories without libraries): ldconfig adds them again, so keep them. It
+    # writes a few; a table of many is not its (and splitting it would cost more than it).
+    n_chunks = table.count(b"\0")
+    if n_chunks > len(refs) + MAX_ORPHANS:
+        raise Unsupported("strings in the table that no entry uses")
+    if n_chunks > len(refs) - n:   # else every chunk is some entry's path
+        chunks = table[:-1].split(b"\0")
         starts = map(int.__add__, accumulate(map(len, chunks), initial=lo), range(len(chunks)))
         c.orphans = [s for s, at in zip(chunks, starts) if at not in refs and s]
+        if max(map(len, c.orphans), default=0) > MAX_PATH:
+            raise Unsupported("a name or path longer than ldconfig writes")
     return c
 
 
-def _parse_extension(c: Cache, data: bytes, off: int, table: bytes, lo: int,
-                     refs: set[int]) -> None:
+def _strings(table: bytes, lo: int, offsets: set[int]) -> dict[int, bytes]:
+    """offset -> the string there, for each offset (all inside the NUL-terminated
+    table, which starts at offset lo). In offset order: a string's end found once
+    serves every offset inside it (a tail, as stringtable.c shares them), so no byte of
+    the table is searched twice; each string is copied once, and Unsupported comes
+    before a string longer than MAX_PATH, or more than STRING_COPIES times the table in
+    all, is copied (ldconfig's tables copy to < 2.5 times: a path, its SONAME as a tail)."""
+    out: dict[int, bytes] = {}
+    budget = STRING_COPIES * len(table)
+    find = table.find
+    end = -1
+    for o in sorted(offsets):
+        i = o - lo
+        if i > end:
+            end = find(b"\0", i)       # >= 0: the table ends with a NUL
+        budget -= end - i
+        if end - i > MAX_PATH:
+            raise Unsupported("a name or path longer than ldconfig writes")
+        if budget < 0:
+            raise Unsupported("strings shared more than ldconfig shares them")
+        out[o] = table[i:end]
+    return out
+
+
+def _parse_extension(c: Cache, data: bytes, off: int, n: int) -> list[int]:
+    """Read the extension at off (generator string, glibc-hwcaps section) of a cache of
+    n entries; returns the glibc-hwcaps names' string offsets. Each of those names is
+    some entry's subdirectory (parse checks), so there are at most n."""
     if off % 4 or off + _EXT_HEAD.size > len(data):
         raise Unsupported("bad extension offset")
     magic, count = _EXT_HEAD.unpack_from(data, off)
     if magic != EXT_MAGIC or count > 2 or off + _EXT_HEAD.size + count * _EXT_SECTION.size > len(data):
         raise Unsupported("bad extension directory")
+    hw_offs: list[int] | None = None
     for i in range(count):
         tag, _flags, s_off, size = _EXT_SECTION.unpack_from(data, off + _EXT_HEAD.size + i * _EXT_SECTION.size)
         if s_off + size > len(data):
             raise Unsupported("extension section outside the file")
         if tag == EXT_GENERATOR and c.generator is None:
+            if size > MAX_PATH:
+                raise Unsupported("extension section larger than ldconfig writes")
             c.generator = data[s_off:s_off + size]
-        elif tag == EXT_HWCAPS and not c.hwcaps and size % 4 == 0:
-            offs = struct.unpack_from(f"<{size // 4}I", data, s_off)
-            if offs and (min(offs) < lo or max(offs) >= lo + len(table)):
-                raise Unsupported("glibc-hwcaps name outside the string table")
-            c.hwcaps = [table[o - lo:table.index(b"\0", o - lo)] for o in offs]
-            refs.update(offs)
+        elif tag == EXT_HWCAPS and hw_offs is None and size % 4 == 0:
+            if size // 4 > n:
+                raise Unsupported("more glibc-hwcaps names than entries")
+            hw_offs = list(struct.unpack_from(f"<{size // 4}I", data, s_off))
         else:
             raise Unsupported(f"unknown extension section {tag}")
     if c.generator is None:
         raise Unsupported("extension without a generator")
+    return hw_offs or []
 
 
 def build(c: Cache) -> bytes:
@@ -706,9 +762,14 @@ def _combine(c: Cache, fpaths: list[bytes], bases: Sequence[bytes], ranks: list[
     Changes c."""
     nf = len(fpaths)
     paths = c.paths
+    renamed: dict[tuple[bytes, bytes, int], bytes] = {}     # (entries may share a path)
     for i, (b, r) in enumerate(zip(bases, ranks)):
         if r < nf and fpaths[r] != b:   # ldconfig records it under the name met first
-            paths[i] = fpaths[r] + paths[i][len(b):]
+            k = (paths[i], b, r)
+            p = renamed.get(k)
+            if p is None:
+                p = renamed[k] = fpaths[r] + paths[i][len(b):]
+            paths[i] = p
     represented = any(r < nf for r in ranks)
 
     # Drop the image's entries ours replace (one per SONAME and directory); among equal
@@ -730,12 +791,18 @@ def _combine(c: Cache, fpaths: list[bytes], bases: Sequence[bytes], ranks: list[
 
 def _bases(c: Cache) -> list[bytes]:
     """Each entry's directory (of a glibc-hwcaps entry: the one holding glibc-hwcaps;
-    b"?" if its path is not such)."""
-    bases = [p.rpartition(b"/")[0] for p in c.paths]
-    for i, hw in enumerate(c.hwcap):
-        if hw:      # <dir>/glibc-hwcaps/<subdirectory>/<file>
-            parts = c.paths[i].rsplit(b"/", 3)
-            bases[i] = parts[0] if len(parts) == 4 and parts[1] == b"glibc-hwcaps" else b"?"
+    b"?" if its path is not such). Made once per distinct path (entries may share one)."""
+    uniq = dict.fromkeys(c.paths)
+    base = dict(zip(uniq, map(itemgetter(0), map(bytes.rpartition, uniq, repeat(b"/")))))
+    bases = list(map(base.__getitem__, c.paths))
+    hw_base: dict[bytes, bytes] = {}
+    for i in compress(range(len(c.hwcap)), c.hwcap):
+        p = c.paths[i]      # <dir>/glibc-hwcaps/<subdirectory>/<file>
+        b = hw_base.get(p)
+        if b is None:
+            parts = p.rsplit(b"/", 3)
+            b = hw_base[p] = parts[0] if len(parts) == 4 and parts[1] == b"glibc-hwcaps" else b"?"
+        bases[i] = b
     return bases
 
 
@@ -976,14 +1043,18 @@ def _scan_order(c: Cache, ranks: list[int]) -> None:
 def _check_sorted(c: Cache, keys: _Keys) -> None:
     """The image's table must be in cache.c's order: the loader's binary search (and
     our insertion) relies on it. Most neighbours differ before their first digit; only
-    the others need _dl_cache_libcmp's whole key."""
+    the others need _dl_cache_libcmp's whole key. Each distinct SONAME is looked at
+    once (a hostile cache's entries may all name one long string)."""
     names = c.names
-    if not b"".join(names).isascii():
+    uniq = list(dict.fromkeys(names))
+    if not b"".join(uniq).isascii():
         raise Unsupported("non-ASCII SONAMEs")
+    marked = list(map(bytes.translate, uniq, repeat(_MARK)))    # digits -> NUL, controls -> 1
+    if b"\1" in b"".join(marked):
+        raise Unsupported("a SONAME with a control character")
     # _head() of each: the part before the first digit, + "\xff" if a digit follows
-    parts = map(bytes.partition, b"\n".join(names).translate(_DIGITS_TO_NUL).split(b"\n"),
-                repeat(b"\0"))
-    heads = [h + _SEP[sep] for h, sep, _ in parts]
+    head = dict(zip(uniq, [h + _SEP[sep] for h, sep, _ in map(bytes.partition, marked, repeat(b"\0"))]))
+    heads = list(map(head.__getitem__, names))
     nxt = heads[1:]
     if any(map(bytes.__lt__, heads, nxt)):
         raise Unsupported("the image's cache is not sorted")

@@ -67,6 +67,7 @@ KERNEL_FS = {"proc", "sysfs", "debugfs", "securityfs", "tracefs", "bpf", "cgroup
 TIMEOUT = 30.0
 MAX_FD = 0x7FFFFFFE     # closerange's upper end: "all" (one close_range(2) call)
 MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")   # musl's built-in default
+MAX_MUSL_PATH = 64 << 10    # bytes of an image's musl .path read (a real one: ~30)
 
 
 def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
@@ -120,17 +121,24 @@ def update_musl(root: RootFS, path: str, folders: Sequence[str]) -> None:
     """Add folders to musl's search path file (replacing, not writing through, a
     symlink). A new file starts from musl's default path, which it replaces. Only a
     regular file is read: a symlink (to a file the container cannot read, say) is
-    replaced by a new file, never copied into one readable by all."""
+    replaced by a new file, never copied into one readable by all. The image's file is
+    read as bytes, at most MAX_MUSL_PATH of them (real ones: a line or two): a larger one
+    is one error, before anything is parsed or changed."""
     st = root.lstat(path)
-    data = root.read_file(path, follow=False) if st is not None and not stat.S_ISLNK(st.st_mode) else None
+    data = None
+    if st is not None and not stat.S_ISLNK(st.st_mode):
+        data = root.read_file(path, MAX_MUSL_PATH + 1, follow=False)
     if data is None:
-        have = list(MUSL_DEFAULT_PATH)
+        have = [os.fsencode(p) for p in MUSL_DEFAULT_PATH]
     else:
-        have = [p for p in data.decode(errors="replace").replace(":", "\n").split() if p]
-    new = have + [f for f in folders if f not in have]
-    if data is not None and new == have:
+        if len(data) > MAX_MUSL_PATH:
+            raise NvhookError(f"{path} in the rootfs: larger than {MAX_MUSL_PATH} bytes")
+        have = data.replace(b":", b"\n").split()
+    known = set(have)
+    new = have + [f for f in dict.fromkeys(map(os.fsencode, folders)) if f not in known]
+    if data is not None and len(new) == len(have):
         return
-    root.write_file(path, ("\n".join(new) + "\n").encode(), 0o644)
+    root.write_file(path, b"\n".join(new) + b"\n", 0o644)
 
 
 def write_conf(root: RootFS, folders: Sequence[str]) -> str | None:

@@ -185,6 +185,12 @@ def _handle(stage, data, args, cwd, discover, plan) -> int:
         why = unprivileged(userns)
         if why:
             raise NvhookError(f"{stage}: cannot give this container GPUs: {why}; {CDI_ADVICE}")
+        # The image's data comes next: what it can cost this process (the exec'd hook, or
+        # a served worker: one start each) is bounded, and an OOM kill takes this start,
+        # not the runtime, the service or a bystander.
+        from libinject.runtime.ceiling import contain
+
+        contain()
         return _configure(stage, state, spec, bundle, request, cfg, args, log, discover, plan)
     except NvhookError as e:
         log.error(f"{stage}: {e}")

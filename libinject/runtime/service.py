@@ -152,7 +152,7 @@ PRELOAD = (
     "libinject.discover.decode", "libinject.discover.procfs", "libinject.discover.graphics",
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
-    "libinject.apply.ldcache_merge", "_prctl",
+    "libinject.apply.ldcache_merge", "_prctl", "libinject.runtime.ceiling",
 )
 
 
@@ -1153,6 +1153,17 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         from libinject.linux.privileges import limit_capabilities
 
         limit_capabilities(caps_kept() | {_prctl.CAP_SYS_PTRACE})
+        # It will read an image's data: capped, and what the OOM killer takes rather
+        # than the server or a bystander (libinject.runtime.ceiling). Done here, before
+        # a spare is handed a request: the hook's own call is then free.
+        from libinject.errors import NvhookError
+        from libinject.runtime.ceiling import contain
+
+        try:
+            contain()
+        except NvhookError as e:
+            server.log(f"worker {os.getpid()}: {e}")
+            return False
         return True
 
     @staticmethod
