@@ -402,7 +402,7 @@ def journal_key() -> bytes | None:
     from libinject.discover import snapshot
 
     try:
-        host = snapshot._own_key(snapshot.DEFAULT_DIR)
+        host = snapshot.own_key(snapshot.DEFAULT_DIR)
     except OSError:
         return None
     return _blake2b(key=host, person=b"nvhook-jkey", digest_size=32).digest()

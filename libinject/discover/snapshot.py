@@ -48,7 +48,7 @@ import os
 import stat
 import time
 
-from libinject import jsonc
+from libinject import hostkey, jsonc
 from libinject.constants import SNAPSHOT_DIR, SNAPSHOT_KEY_DIR
 from libinject.discover import decode
 from libinject.discover import procfs as _procfs
@@ -68,7 +68,7 @@ FORMAT = 3              # 2: sealed; Driver.procfs and Driver.gpu_procfs; 3: gra
 DEFAULT_DIR = SNAPSHOT_DIR
 KEY_DIR = SNAPSHOT_KEY_DIR
 KEY_NAME = "snapshot.key"
-KEY_BYTES = 32
+KEY_BYTES = hostkey.KEY_BYTES
 MAX_BYTES = 16 << 20    # a snapshot is ~100 KB; a bigger file is not one of ours
 KEEP = 8                # snapshots kept per directory (one per driver root/dev root/ldcache)
 MAX_AGE = 7 * 86400     # seconds: an unused driver root's snapshot goes (a used one is rewritten)
@@ -274,20 +274,7 @@ def seal(key: str, body: bytes, mac_key: bytes) -> bytes:
 
 
 def _key_at(dfd: int) -> bytes | None:
-    """The directory's key if it is ours alone (regular, our uid, 0600 or less, KEY_BYTES)."""
-    try:
-        fd = os.open(KEY_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-                or st.st_size != KEY_BYTES):
-            return None
-        data = os.read(fd, KEY_BYTES + 1)
-        return data if len(data) == KEY_BYTES else None
-    finally:
-        os.close(fd)
+    return hostkey.key_at(dfd, KEY_NAME)
 
 
 def key_dir(directory: str) -> str:
@@ -308,7 +295,7 @@ def read_key(directory: str) -> bytes | None:
         os.close(dfd)
 
 
-def _own_key(directory: str) -> bytes:
+def own_key(directory: str) -> bytes:
     """The key of the snapshots in `directory`, made if there is none (its directory
     too: root-only). OSError when it cannot be."""
     kdir = key_dir(directory)
@@ -323,37 +310,9 @@ def _own_key(directory: str) -> bytes:
 
 
 def _ensure_key(dfd: int) -> bytes:
-    """The directory's key, made if there is none usable: written whole to a temp file
-    (O_EXCL, 0600), then linked to KEY_NAME, which fails if another writer made one
-    first (theirs is used: readers never see a half-written key). An unusable key
-    file is replaced."""
-    key = _key_at(dfd)
-    if key is not None:
-        return key
-    new = os.urandom(KEY_BYTES)
-    tmp = f".{KEY_NAME}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600, dir_fd=dfd)
-    try:
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, new)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, KEY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-        except FileExistsError:
-            key = _key_at(dfd)
-            if key is not None:
-                return key
-            os.rename(tmp, KEY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)   # unusable: replaced
-        return new
-    finally:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
+    """The directory's key, made if there is none usable (an unusable one is replaced:
+    snapshots are a cache)."""
+    return hostkey.ensure_key(dfd, KEY_NAME, replace_unusable=True)
 
 
 def _trusted_key(directory: str) -> bytes | None:
@@ -582,7 +541,7 @@ def save(path: str, key: str, driver) -> bool:
         try:
             if not _trusted(os.fstat(dfd)):
                 return False
-            atomic.write_at(dfd, os.path.basename(path), seal(key, body, _own_key(directory)), 0o600)
+            atomic.write_at(dfd, os.path.basename(path), seal(key, body, own_key(directory)), 0o600)
             prune(dfd, os.path.basename(path))
         finally:
             os.close(dfd)

@@ -26,11 +26,12 @@ import json
 import os
 import stat
 
+from libinject import hostkey
 from libinject.errors import NvhookError
 
 STORE_DIR = "/var/lib/nvhook/setup"
 KEY_NAME = "setup.key"
-KEY_BYTES = 32
+KEY_BYTES = hostkey.KEY_BYTES
 MAGIC = b"nvhook-setup-backup 1\n"
 SUFFIX = ".backup"
 MAX_HEADER = 4096
@@ -175,53 +176,14 @@ def _is_link(path: str) -> bool:
 
 
 def _key_at(dfd: int) -> bytes | None:
-    """The directory's key if it is ours alone (regular, our uid, 0600 or less, KEY_BYTES)."""
-    try:
-        fd = os.open(KEY_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-                or st.st_size != KEY_BYTES):
-            return None
-        data = os.read(fd, KEY_BYTES + 1)
-        return data if len(data) == KEY_BYTES else None
-    finally:
-        os.close(fd)
+    return hostkey.key_at(dfd, KEY_NAME)
 
 
 def _ensure_key(dfd: int) -> bytes:
-    """The directory's key, made if there is none: written whole to a temp file (O_EXCL,
-    0600), then linked to KEY_NAME, which fails if another run made one first (theirs is
-    used). A key file that is not ours alone is refused, not replaced: records sealed
-    with it would be refused too, and removing it is the administrator's call."""
-    key = _key_at(dfd)
-    if key is not None:
-        return key
-    new = os.urandom(KEY_BYTES)
-    tmp = f".{KEY_NAME}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-    try:
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, new)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, KEY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-        except FileExistsError:
-            key = _key_at(dfd)
-            if key is None:
-                raise PermissionError(13, "a key file that is not ours alone") from None
-            return key
-        return new
-    finally:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
+    """The store's key, made if there is none. One that is not ours alone is refused,
+    not replaced: records sealed with it would be refused too, and removing it is the
+    administrator's call."""
+    return hostkey.ensure_key(dfd, KEY_NAME, replace_unusable=False)
 
 
 # -- records --------------------------------------------------------------------------------
