@@ -294,20 +294,29 @@ def test_runc_tmpfs_on_run(tmp_path, hook_config, gpu_uuids):
     assert r.stdout.splitlines()[0] == "s", r.stdout      # the socket, in the container's tmpfs
 
 
-def test_runc_host_volume_on_run(tmp_path, hook_config, gpu_uuids):
-    """A host directory bound at /run (a volume): nothing is written into it; the
-    optional persistenced socket is skipped (a log line) and GPU 1 works."""
+@pytest.mark.parametrize("host_fs", ["dir", "tmpfs"])
+def test_runc_host_volume_on_run(tmp_path, hook_config, gpu_uuids, host_fs):
+    """A host directory bound at /run (a volume), or a host *tmpfs* (the host's own /run
+    given as a volume: a memory file system, but its superblock is mounted in the
+    hook's namespace, so not the container's): nothing is written into it; the optional
+    persistenced socket is skipped (a log line) and GPU 1 works."""
     vol = tmp_path / "hostrun"
     vol.mkdir()
-    (vol / "keep").write_text("the host's\n")
-    with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], SOCKET_PROBE) as c:
-        c.config["mounts"].append({"destination": "/run", "type": "bind", "source": str(vol),
-                                   "options": ["rbind", "rw"]})
-        r = c.run()
-    assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-    assert r.stdout.splitlines()[0] == "l", r.stdout      # ls: cannot access...: skipped
-    assert sorted(p.name for p in vol.iterdir()) == ["keep"]
-    assert "skipped /run/nvidia-persistenced/socket: " in (tmp_path / "hook.log").read_text()
+    if host_fs == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(vol)], check=True)
+    try:
+        (vol / "keep").write_text("the host's\n")
+        with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], SOCKET_PROBE) as c:
+            c.config["mounts"].append({"destination": "/run", "type": "bind", "source": str(vol),
+                                       "options": ["rbind", "rw"]})
+            r = c.run()
+        assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
+        assert r.stdout.splitlines()[0] == "l", r.stdout      # ls: cannot access...: skipped
+        assert sorted(p.name for p in vol.iterdir()) == ["keep"]
+        assert "skipped /run/nvidia-persistenced/socket: " in (tmp_path / "hook.log").read_text()
+    finally:
+        if host_fs == "tmpfs":
+            subprocess.run(["umount", "-l", str(vol)], check=True)
 
 
 def test_runc_tmpfs_on_proc_driver(tmp_path, hook_config, gpu_uuids):
@@ -333,24 +342,7 @@ def test_podman_read_only_hooks_dir(tmp_path, podman, hooks_dir, rootfs, gpu_uui
     assert "can't open '/dev/n1': No such device or address" in out, out
 
 
-def test_runc_host_tmpfs_volume_on_run_is_not_the_containers(tmp_path, hook_config, gpu_uuids):
-    """A host *tmpfs* bound at /run (the host's own /run given as a volume): a memory
-    file system, but its superblock is the host's (mounted in the hook's namespace), so
-    nothing is created in it: the socket is skipped, the host's tmpfs is unchanged."""
-    vol = tmp_path / "hosttmpfs"
-    vol.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(vol)], check=True)
-    try:
-        (vol / "keep").write_text("the host's\n")
-        with gpu_container(tmp_path, hook_config, ["NVIDIA_VISIBLE_DEVICES=1"], SOCKET_PROBE) as c:
-            c.config["mounts"].append({"destination": "/run", "type": "bind", "source": str(vol),
-                                       "options": ["rbind", "rw"]})
-            r = c.run()
-        assert_only_gpu1(r.stdout + r.stderr, gpu_uuids)
-        assert r.stdout.splitlines()[0] == "l", r.stdout
-        assert sorted(p.name for p in vol.iterdir()) == ["keep"]
-    finally:
-        subprocess.run(["umount", "-l", str(vol)], check=True)
+
 
 
 def test_podman_hooks_dir_with_a_socket_is_served(tmp_path, podman, hook_config, rootfs, gpu_uuids, sockdir):

@@ -385,18 +385,26 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
         assert s.stop() == 0
 
 
+def _served_with_a_prober(tmp_path, fresh_sim_host, sockdir) -> tuple[Path, Serve, int]:
+    """(config, a service on a fresh a100x8 host, its prober's pid once it has one)."""
+    cfg = _snapshot_config(tmp_path, fresh_sim_host("a100x8"))
+    s = Serve(cfg, sockdir / "hook.sock")
+    try:
+        s.wait_until(lambda: len(s.probers()) == 1, "a prober")
+    except BaseException:
+        s.stop()
+        raise
+    return cfg, s, s.probers()[0]
+
+
 def test_without_its_prober_a_worker_takes_its_own_fingerprint(tmp_path, fresh_sim_host, sockdir,
                                                                gpu_uuids):
     """A prober that does not answer (stopped) costs a request PROBE_WAIT, never its
     container; one that died is replaced, and the next request has its fingerprint."""
     from libinject.runtime.service import PROBE_WAIT
 
-    host = fresh_sim_host("a100x8")
-    cfg = _snapshot_config(tmp_path, host)
-    s = Serve(cfg, sockdir / "hook.sock")
+    cfg, s, prober = _served_with_a_prober(tmp_path, fresh_sim_host, sockdir)
     try:
-        s.wait_until(lambda: len(s.probers()) == 1, "a prober")
-        [prober] = s.probers()
         os.kill(prober, signal.SIGSTOP)
         t = time.monotonic()
         with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=1"], PROBE) as c:
@@ -431,12 +439,8 @@ def test_a_dead_prober_is_reaped_while_the_service_idles(tmp_path, fresh_sim_hos
     its exit can be waited for. A tracer holding the prober's exit keeps that window open
     as long as the test likes: once it lets go, the idle server reaps the zombie (it
     watches its pidfd), with no request to wake it, and one prober is left."""
-    host = fresh_sim_host("a100x8")
-    cfg = _snapshot_config(tmp_path, host)
-    s = Serve(cfg, sockdir / "hook.sock")
+    _, s, prober = _served_with_a_prober(tmp_path, fresh_sim_host, sockdir)
     try:
-        s.wait_until(lambda: len(s.probers()) == 1, "a prober")
-        [prober] = s.probers()
         _seize(prober)
         os.kill(prober, signal.SIGKILL)
         s.wait_until(lambda: f"prober {prober} is gone" in s.log(), "the prober's death seen")
