@@ -138,7 +138,7 @@ def _crio(args: argparse.Namespace) -> str:
     from libinject.setup import crio
 
     return crio.setup(args.engine_config, set_as_default=args.set_as_default, dry_run=args.dry_run,
-                      undo=args.undo, backup_dir=args.backup_dir)
+                      undo=args.undo, backup_dir=args.backup_dir, nvhook_config=args.config)
 
 
 def _podman_arguments(p: argparse.ArgumentParser) -> None:

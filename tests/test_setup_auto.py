@@ -250,3 +250,5 @@ def test_crio_with_cdi_gets_the_nvidia_handler_and_keeps_its_default(tmp_path, a
         False, True, False)
     cfg = tomllib.loads((n.top / "nvhook/config.toml").read_text())["nvidia-container-runtime"]
     assert cfg == {"mode": "cdi"}
+    # the handler's shim reads that config: CRI-O passes it no environment but monitor_env
+    assert rt["runtimes"]["nvidia"]["monitor_env"][1] == f"NVHOOK_CONFIG={n.top / 'nvhook/config.toml'}"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from libinject.constants import SAFE_PATH
 from support.cli import nvhook_in_process as nvhook, tree_state
 from support.shimenv import SHIM
 
@@ -471,3 +472,20 @@ def test_programs_a_user_could_replace_are_never_configured(tmp_path):
     os.chown(tmp_path / "venv", 65534, 65534)
     with pytest.raises(NvhookError, match="directory .*venv "):
         trusted_program(str(prog))
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_crio_handler_gets_nvhooks_config_through_monitor_env(tmp_path, capsys, given):
+    """CRI-O starts conmon, and so the handler's shim, with only the handler's
+    monitor_env and PATH: `nvhook --config F setup crio` puts NVHOOK_CONFIG=F there (old
+    code: F was ignored and the shim read the default config); without --config the
+    handler gets no environment of ours."""
+    n = Node(tmp_path, "crio", "absent")
+    cfg = tmp_path / "etc" / "nvhook.toml"
+    code, out, err = nvhook(capsys, *(["--config", str(cfg)] if given else []), *n.args())
+    assert code == 0, err
+    nv = tomllib.loads(n.file.read_text())["crio"]["runtime"]["runtimes"]["nvidia"]
+    if given:
+        assert nv["monitor_env"] == [f"PATH={SAFE_PATH}", f"NVHOOK_CONFIG={cfg}"]
+    else:
+        assert "monitor_env" not in nv

@@ -385,7 +385,7 @@ def config_edit(data: bytes | None, path: str, prefixes: list[str]) -> bytes:
     return tomldoc.dumps(doc)
 
 
-def _engine_call(d: Decision, paths: Paths, *, dry_run: bool) -> str:
+def _engine_call(d: Decision, paths: Paths, config: str | None, *, dry_run: bool) -> str:
     from libinject.setup import containerd, crio, docker
 
     if d.engine == "containerd":
@@ -397,7 +397,8 @@ def _engine_call(d: Decision, paths: Paths, *, dry_run: bool) -> str:
                             backup_dir=paths.backup_dir)
     if d.method == NATIVE:
         return crio.setup(paths.crio_drop_in, set_as_default=False, dry_run=dry_run,
-                          backup_dir=paths.backup_dir)
+                          backup_dir=paths.backup_dir,
+                          nvhook_config=_nvhook_config(config) if d.runtime_mode == "cdi" else config)
     return ""       # CRI-O with the hooks.d hook: its file is one of the shared ones
 
 
@@ -455,11 +456,11 @@ def apply(decisions: list[Decision], paths: Paths, config: str | None, *, root: 
     files = plan_files(decisions, paths, config, root=root, ldcache=ldcache, user=user)
     # Every engine's file parsed and its change computed (and every backup that would be
     # refused, refused) before anything is written.
-    shown = [_engine_call(d, paths, dry_run=True) for d in decisions]
+    shown = [_engine_call(d, paths, config, dry_run=True) for d in decisions]
     put = _put_files(files, dry_run=True)
     if dry_run:
         return put + "".join(shown)
-    return _put_files(files, dry_run=False) + "".join(_engine_call(d, paths, dry_run=False)
+    return _put_files(files, dry_run=False) + "".join(_engine_call(d, paths, config, dry_run=False)
                                                       for d in decisions)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from libinject.constants import SAFE_PATH
 from libinject.setup import tomldoc
 from libinject.setup.install import Target, edit_file, venv_program
 
@@ -21,17 +22,25 @@ HEADER = ("written by `nvhook setup crio`; `nvhook setup crio --undo` removes it
 RESTART = "restart CRI-O for it to take effect (`systemctl restart crio`)"
 
 
-def configure(doc, path: str, shim: str, *, set_as_default: bool) -> None:
+def configure(doc, path: str, shim: str, *, set_as_default: bool,
+              nvhook_config: str | None = None) -> None:
+    """nvhook_config: the config the shim must read. CRI-O starts conmon, and so the
+    handler's binary, with only the handler's monitor_env (and conmon_env) and PATH,
+    never CRI-O's own environment: NVHOOK_CONFIG reaches the shim only from here."""
     if set_as_default:
         tomldoc.put(tomldoc.table(doc, ["crio", "runtime"], path), "default_runtime", RUNTIME)
     nv = tomldoc.table(doc, ["crio", "runtime", "runtimes", RUNTIME], path)
     tomldoc.put(nv, "runtime_path", shim)
     tomldoc.put(nv, "runtime_type", "oci")
+    if nvhook_config is not None:
+        tomldoc.put(nv, "monitor_env", [f"PATH={SAFE_PATH}",
+                                        f"NVHOOK_CONFIG={os.path.abspath(nvhook_config)}"])
 
 
 def setup(config: str = DROP_IN, *, set_as_default: bool = False, dry_run: bool = False,
-          undo: bool = False, backup_dir: str | None = None) -> str:
-    """Write (or undo) CRI-O's drop-in; the text to show."""
+          undo: bool = False, backup_dir: str | None = None, nvhook_config: str | None = None) -> str:
+    """Write (or undo) CRI-O's drop-in; the text to show. nvhook_config: the config the
+    handler's shim reads (`nvhook --config F setup crio`; configure says how)."""
     path = os.path.abspath(config)
     target = Target(path, os.path.dirname(os.path.dirname(path)), store=backup_dir, make_dirs=True)
     shim = None if undo else venv_program("nvhook-runtime")
@@ -40,7 +49,7 @@ def setup(config: str = DROP_IN, *, set_as_default: bool = False, dry_run: bool 
         doc = tomldoc.parse(data, target.path)
         if not doc.keys() and not (data or b"").strip():
             tomldoc.header(doc, HEADER)
-        configure(doc, target.path, shim, set_as_default=set_as_default)
+        configure(doc, target.path, shim, set_as_default=set_as_default, nvhook_config=nvhook_config)
         return tomldoc.dumps(doc)
 
     changed, text = edit_file(target, edit, dry_run=dry_run, undo=undo)
