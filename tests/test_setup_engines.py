@@ -351,6 +351,7 @@ def test_containerd_runs_a_gpu_container_through_the_runtime_nvhook_wrote(engine
     `nvidia` handler for a pod (needs a CRI client, CNI and a pause image; ctr has no
     runtime-handler option), default_runtime_name and enable_cdi (no CDI in 1.6).
     """
+    from libinject.sim.rootfs import build_rootfs
     from support.engines_daemons import Containerd, private_containerd_config, uuids_seen
     from support.runc import RuncContainer
 
@@ -374,6 +375,16 @@ def test_containerd_runs_a_gpu_container_through_the_runtime_nvhook_wrote(engine
             spec.write_text(json.dumps(c.config))
             r = ctrd.ctr("run", "--rm", "--runtime", nv["runtime_type"], "--runc-binary",
                          nv["options"]["BinaryName"], "--config", str(spec), "gpu1")
+        assert uuids_seen(r.stdout) == [gpu_uuids[1]], r.stdout + r.stderr
+        # `ctr run` with its own defaults (a tmpfs on the container's /run): the
+        # persistenced socket lands in that tmpfs (old code: refusing /run)
+        rootfs = build_rootfs(engine_dir / "ctr-rootfs")
+        r = ctrd.ctr("run", "--rm", "--runtime", nv["runtime_type"], "--runc-binary",
+                     nv["options"]["BinaryName"], "--env", "PATH=/usr/bin:/bin", "--env", "NVIDIA_VISIBLE_DEVICES=1",
+                     "--rootfs", str(rootfs), "gpu1-defaults", "sh", "-c",
+                     "grep ' /run tmpfs' /proc/mounts | cut -d' ' -f3; "
+                     "test -S /run/nvidia-persistenced/socket && echo SOCKET; nvidia-smi -L")
+        assert r.stdout.splitlines()[:2] == ["tmpfs", "SOCKET"], r.stdout + r.stderr
         assert uuids_seen(r.stdout) == [gpu_uuids[1]], r.stdout + r.stderr
     finally:
         ctrd.stop()
@@ -423,6 +434,20 @@ def test_docker_gpus_flag_sees_only_gpu_1(dockerd, gpu_uuids):
 
     r = dockerd.run("--gpus", "device=1", "nvhook-test:1", "nvidia-smi", "-L")
     assert uuids_seen(r.stdout.decode()) == [gpu_uuids[1]], r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("flags", [["--tmpfs", "/run"], ["--read-only"]])
+def test_docker_gpus_with_a_tmpfs_run_or_read_only(dockerd, gpu_uuids, flags):
+    """`docker run --tmpfs /run --gpus device=1` and `docker run --read-only --gpus
+    device=1` start with GPU 1 and the persistenced socket (old code, --tmpfs /run:
+    `cannot create /run/nvidia-persistenced ...: refusing`)."""
+    from support.engines_daemons import uuids_seen
+
+    r = dockerd.run(*flags, "--gpus", "device=1", "nvhook-test:1", "sh", "-c",
+                    "test -S /run/nvidia-persistenced/socket && echo SOCKET; nvidia-smi -L")
+    out = r.stdout.decode()
+    assert out.splitlines()[:1] == ["SOCKET"], out + r.stderr.decode()
+    assert uuids_seen(out) == [gpu_uuids[1]], out
 
 
 def test_podman_applies_the_cdi_spec_nvhook_wrote(tmp_path, a100_host, gpu_uuids, capsys):
