@@ -8,7 +8,9 @@ create with nvhook's message.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 import subprocess
 from pathlib import Path
 
@@ -364,3 +366,37 @@ def test_podman_hooks_dir_with_a_socket_is_served(tmp_path, podman, hook_config,
         assert s.statuses(1) == [0], s.log()
     finally:
         assert s.stop() == 0
+
+
+# -- a MIG manager in a container (NVIDIA_MIG_CONFIG_DEVICES=all) ------------------------
+MIG_LS = "ls /proc/driver/nvidia/capabilities/gpu0/mig; ls /dev/nvidia-caps"
+
+
+def test_runc_mig_manager_sees_instances_made_after_it_started(tmp_path, fresh_sim_host):
+    """As NVIDIA's nvc_mig_config_global_caps_mount: a privileged container with
+    NVIDIA_MIG_CONFIG_DEVICES=all gets the live /proc/driver/nvidia/capabilities and
+    /dev/nvidia-caps, so a GPU instance the MIG manager creates after its start (made
+    here on the simulated host: its access file and cap node) shows in the container.
+    Old code: copies of the files and two nodes, so the new instance never showed."""
+    from libinject.sim.build import gi_minor
+
+    host = fresh_sim_host("h100x8-mig")
+    cfg = hookenv.write_config(tmp_path / "c.toml", host, log=tmp_path / "hook.log")
+    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MIG_CONFIG_DEVICES=all"]
+    with gpu_container(tmp_path, cfg, env, "sleep 1000") as c:
+        c.config["process"]["args"] = ["sleep", "1000"]
+        c.config["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
+        c.create()
+        c.start()
+        before = c.exec("sh", "-c", MIG_LS)
+        assert before.returncode == 0, before.stderr
+        assert "gi6" not in before.stdout.split() and "config" not in before.stdout.split()
+        minor = gi_minor(0, 6)
+        gi = host / "proc/driver/nvidia/capabilities/gpu0/mig/gi6"
+        gi.mkdir(parents=True)
+        (gi / "access").write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        caps_major = os.major(os.stat(host / "dev/nvidia-caps/nvidia-cap1").st_rdev)
+        os.mknod(host / f"dev/nvidia-caps/nvidia-cap{minor}", 0o444 | stat.S_IFCHR, os.makedev(caps_major, minor))
+        after = c.exec("sh", "-c", MIG_LS)
+    names = after.stdout.split()
+    assert "gi6" in names and f"nvidia-cap{minor}" in names and "nvidia-cap1" in names, after.stdout

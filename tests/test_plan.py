@@ -294,7 +294,12 @@ def test_mig_config_monitor(mig_driver):
     e = plan(req(devices="0", mig_config="all", mig_monitor="all"), mig_driver)
     assert [(d.path, d.kind) for d in e.device_nodes if d.kind in ("gpu", "mig")] == [
         ("/dev/nvidia0", "gpu"), ("/dev/nvidia-caps/nvidia-cap1", "mig"), ("/dev/nvidia-caps/nvidia-cap2", "mig")]
-    assert {"capabilities/mig/config", "capabilities/mig/monitor"} <= set(e.procfs.files)
+    # as NVIDIA: the live capabilities dir and /dev/nvidia-caps (instances made later show)
+    assert not any(f.startswith("capabilities/") for f in e.procfs.files)
+    assert e.procfs.live_dirs == ((f"{mig_driver.procfs_dir}/capabilities", "capabilities"),)
+    caps_dir = os.path.dirname(mig_driver.cap_devices[0].path)
+    assert [(m.host_path, m.container_path, m.options) for m in e.mounts if m.kind == "devdir"] == [
+        (caps_dir, "/dev/nvidia-caps", ("ro", "nosuid", "noexec", "bind"))]
     g0 = mig_driver.info.gpus[0]
     # config may use every MIG minor of the GPU (cgroup only), and only that GPU's
     g0_minors = sorted(m for g0m in g0.mig_devices for m in (g0m.gi_access_minor, g0m.ci_access_minor))

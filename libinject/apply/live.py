@@ -63,7 +63,7 @@ EARLY_KINDS = ("binary", "library")
 LATE_KINDS = ("firmware", "ipc", "graphics")
 OPTIONAL_KINDS = ("ipc",)   # skipped (a note) where only a mount not the container's could take them
 EXPECT = {"binary": "file", "library": "file", "firmware": "file", "ipc": None,
-          "graphics": "file", "procfs-gpu": "dir"}
+          "graphics": "file", "procfs-gpu": "dir", "devdir": "dir"}
 DEVICE_KINDS = ("control", "gpu", "drm", "mig", "imex")
 # Optional timing hook (bench/bench_apply.py): called as trace(phase, t) with t =
 # time.perf_counter() at the end of each phase (the worker's marks come back with
@@ -472,7 +472,7 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
     in one native call (native.open_trees: what open_host does for each, without its
     Python around each of the dozens of them), checked as _open_sources_one_by_one
     checks them; one that cannot be opened: that, which says why."""
-    procfs_dirs = edits.procfs.gpu_dirs if edits.procfs else ()
+    procfs_dirs = edits.procfs.binds() if edits.procfs else ()
     paths = [m.host_path for m in edits.mounts]
     recursive = [mount_attrs(m.options)[1] for m in edits.mounts]
     paths += [d.host_path for d in edits.device_nodes]
@@ -514,7 +514,7 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
         _check_device(d, s.st)
         src.devices.append(s)
     if edits.procfs:
-        for host_dir, name in edits.procfs.gpu_dirs:
+        for host_dir, _ in edits.procfs.binds():
             s = _open(host_dir, f"procfs entry {host_dir}")
             if not stat.S_ISDIR(s.st.st_mode):
                 raise NvhookError(f"procfs entry {host_dir} is not a directory")
@@ -559,10 +559,14 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
         _mark("compat")
     for kind in LATE_KINDS:
         _mounts(root, [(m, s) for m, s in mounts if m.kind == kind])
-    known = EARLY_KINDS + LATE_KINDS + ("procfs-gpu",)
+    known = EARLY_KINDS + LATE_KINDS + ("procfs-gpu", "devdir")
     _mounts(root, [(m, s) for m, s in mounts if m.kind not in known])
     _mark("late mounts")
     devices = list(zip(edits.device_nodes, src.devices))
+    # A live /dev directory (devdir) brings its nodes itself: theirs are not made
+    live = tuple(m.container_path + "/" for m, _ in mounts if m.kind == "devdir")
+    devices = [(d, s) for d, s in devices if not d.path.startswith(live)]
+    _mounts(root, [(m, s) for m, s in mounts if m.kind == "devdir"])
     for kind in DEVICE_KINDS:
         _devices(root, [(d, s) for d, s in devices if d.kind == kind])
         if kind == "gpu":
@@ -604,7 +608,7 @@ def _procfs(root: RootFS, edits: ContainerEdits) -> None:
     p = edits.procfs
     assert p is not None
     files = {name.lstrip("/"): data.encode() for name, data in p.files.items()}
-    dirs = tuple(f"gpus/{name}" for _, name in p.gpu_dirs)
+    dirs = tuple(rel for _, rel in p.binds())
     tfd = _procfs_target(root, p.path)
     try:
         root.tmpfs(p.path, files=files, dirs=dirs, allow_proc=True, target_fd=tfd)
@@ -648,10 +652,11 @@ def _procfs_target(root: RootFS, path: str) -> int:
 def _gpu_procfs(root: RootFS, edits: ContainerEdits, src: _Sources) -> None:
     if not edits.procfs:
         return
-    root.expect_mounts([(f"{edits.procfs.path}/gpus/{name}", s.fd, s.st)
-                        for (_, name), s in zip(edits.procfs.gpu_dirs, src.gpu_dirs)])
-    for (host_dir, name), s in zip(edits.procfs.gpu_dirs, src.gpu_dirs):
-        root.bind_tree(s.fd, s.st, f"{edits.procfs.path}/gpus/{name}", PROC_ATTRS,
+    binds = edits.procfs.binds()
+    root.expect_mounts([(f"{edits.procfs.path}/{rel}", s.fd, s.st)
+                        for (_, rel), s in zip(binds, src.gpu_dirs)])
+    for (host_dir, rel), s in zip(binds, src.gpu_dirs):
+        root.bind_tree(s.fd, s.st, f"{edits.procfs.path}/{rel}", PROC_ATTRS,
                        expect="dir", source=host_dir)
 
 

@@ -6,7 +6,8 @@ container; host paths are absolute on the host. Serialisable with to_dict/from_d
 (used by --dry-run --json and the snapshot cache).
 
 Mount kinds, in the order the live applier applies them (libinject/apply/live.py):
-    binary, library, firmware, ipc, graphics, procfs-gpu
+    binary, library, firmware, ipc, graphics, procfs-gpu; devdir (a live /dev directory,
+    /dev/nvidia-caps for MIG config/monitor) with the device nodes
 Device nodes: control devices first, then per-GPU, DRM, then MIG capabilities and IMEX.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics")
+MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics", "devdir")
 
 
 @record(frozen=True)
@@ -48,10 +49,17 @@ class SymlinkEdit:
 
 @record(frozen=True)
 class ProcfsEdit:
-    """tmpfs over `path` holding `files`, plus the selected GPUs' directories."""
+    """tmpfs over `path` holding `files`, plus the selected GPUs' directories and live
+    host directories (MIG config/monitor: the whole `capabilities`, so instances made
+    after the start are seen, as NVIDIA's mount_procfs_mig does)."""
     path: str = "/proc/driver/nvidia"
     files: dict[str, str] = field(default_factory=dict)          # name -> contents
     gpu_dirs: tuple[tuple[str, str], ...] = ()                   # (host dir, name under gpus/)
+    live_dirs: tuple[tuple[str, str], ...] = ()                  # (host dir, path under `path`)
+
+    def binds(self) -> list[tuple[str, str]]:
+        """(host dir, path under `path`) of every directory bound into the tmpfs."""
+        return [(h, f"gpus/{name}") for h, name in self.gpu_dirs] + list(self.live_dirs)
 
 
 @record(frozen=True)

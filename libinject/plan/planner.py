@@ -55,6 +55,7 @@ LIB_OPTS = ("ro", "nosuid", "nodev", "bind")
 BIN_OPTS = ("ro", "nosuid", "nodev", "bind")
 FIRMWARE_OPTS = ("ro", "nosuid", "nodev", "bind")
 IPC_OPTS = ("nosuid", "nodev", "noexec", "bind")
+DEVDIR_OPTS = ("ro", "nosuid", "noexec", "bind")     # (device nodes in it must open: no nodev)
 GRAPHICS_OPTS = ("ro", "nosuid", "nodev", "bind")
 ALLOCATOR = "libnvidia-allocator.so"
 
@@ -313,12 +314,21 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
         devices.append(_cap_node(driver, caps, mig.ci_access_minor))
         base = f"capabilities/gpu{gpu.minor}/mig/gi{mig.gi}"
         proc_caps += [f"{base}/access", f"{base}/ci{mig.ci}/access"]
+    live_caps = False
     for key, gpus in sel.mig_caps:
         if key not in driver.mig_minors:
             raise NvhookError(f"mig-{key} error: no MIG {key} capability on this host")
         node = _cap_node(driver, caps, driver.mig_minors[key])
         devices.append(node)
-        proc_caps.append(f"capabilities/mig/{key}")
+        # A MIG manager creates instances after it started: as NVIDIA's
+        # nvc_mig_{config,monitor}_global_caps_mount, the live capabilities directory
+        # and the whole /dev/nvidia-caps (the node above comes through it).
+        if not live_caps:
+            live_caps = True
+            mounts.append(MountEdit(posixpath.dirname(node.host_path), CAPS_DIR, "devdir", DEVDIR_OPTS))
+            if driver.procfs_dir:
+                proc = replace(proc, live_dirs=((posixpath.join(driver.procfs_dir, "capabilities"),
+                                                 "capabilities"),))
         # Creating/monitoring instances needs every MIG minor of those GPUs (upstream's
         # setup_mig_minor_cgroups): cgroup rules only, the nodes may not exist yet.
         for g in gpus:
@@ -357,8 +367,8 @@ def describe(edits: ContainerEdits) -> str:
     lines: list[str] = []
     if edits.procfs is not None:
         lines.append(f"procfs   tmpfs {edits.procfs.path} ({', '.join(edits.procfs.files) or 'no files'})")
-        for host, name in edits.procfs.gpu_dirs:
-            lines.append(f"procfs   {edits.procfs.path}/gpus/{name} <- {host}")
+        for host, rel in edits.procfs.binds():
+            lines.append(f"procfs   {edits.procfs.path}/{rel} <- {host}")
     for m in edits.mounts:
         lines.append(f"{m.kind:<8} {m.container_path} <- {m.host_path} [{','.join(m.options)}]")
     for s in edits.symlinks:
