@@ -300,8 +300,13 @@ def _work(edits: ContainerEdits, rootfs: str, nsfd: int | None, ldconfig: str,
         os.chdir("/")
         rootfs = _container_rootfs(rootfs, host_id)
         _mark("setns")
-    limit_capabilities(caps_kept())
-    root = RootFS(rootfs, journal, own_ns=own_ns, host_mounts=host_mounts)
+    try:
+        limit_capabilities(caps_kept())
+        root = RootFS(rootfs, journal, own_ns=own_ns, host_mounts=host_mounts)
+    except BaseException:
+        if host_mounts >= 0:
+            os.close(host_mounts)
+        raise
     _mark("caps")
     try:
         if journal.disk.stale:      # what a killed apply left in this rootfs

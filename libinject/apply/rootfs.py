@@ -616,7 +616,7 @@ class RootFS:
         started in), where the rootfs, /dev and /proc mounts are the container's: a
         shared one among them is made a slave before anything is attached to it.
         host_mounts: an fd of the mountinfo of the namespace we started in (opened
-        there, so it reads that namespace's mounts), owned by us from now on: what
+        there, so it reads that namespace's mounts), ours once we are made: what
         tells a memory file system the runtime made for the container from one the
         host has too (_container_own)."""
         self.host_mounts = host_mounts
