@@ -158,3 +158,12 @@ def test_install_script_runs(tmp_path):
 
 def test_grace_period_covers_serve_timeout():
     assert pod()["terminationGracePeriodSeconds"] >= 60 + 10
+
+
+def test_the_service_runs_under_a_memory_limit():
+    """The service runs system-node-critical (oom_score_adj -997): a limit keeps one
+    hostile image from taking the node's memory; the systemd unit likewise."""
+    assert daemonset()["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    assert containers()["serve"]["resources"]["limits"]["memory"] == "2Gi"
+    unit = (DEPLOY.parent.parent / "contrib/nvhook-serve.service").read_text().splitlines()
+    assert "MemoryMax=2G" in unit and "OOMScoreAdjust=-500" in unit

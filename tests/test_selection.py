@@ -46,9 +46,23 @@ def from_plan(doc: dict) -> dict:
         "gpus": [d["path"] for d in nodes if d["kind"] == "gpu"],
         "mig_nodes": [d["path"] for d in mig],
         "mig_minors": sorted({r["minor"] for r in doc["cgroup_rules"] if r["major"] in majors}),
-        "mig_files": sorted(f for f in doc["procfs"]["files"] if f.startswith("capabilities/")),
+        "mig_files": sorted([f for f in doc["procfs"]["files"] if f.startswith("capabilities/")]
+                            + _live_cap_files(doc, mig)),
         "imex": [d["path"] for d in nodes if d["kind"] == "imex"],
     }
+
+
+# The nvidia-caps driver's fixed minors of the MIG config and monitor capabilities.
+GLOBAL_CAPS = {1: "capabilities/mig/config", 2: "capabilities/mig/monitor"}
+
+
+def _live_cap_files(doc: dict, mig: list[dict]) -> list[str]:
+    """The config/monitor capability files the container sees through the live
+    capabilities directory the plan binds (as NVIDIA's hook; `list` names the files)."""
+    live = [rel for _, rel in doc["procfs"].get("live_dirs", ())]
+    if "capabilities" not in live:
+        return []
+    return [GLOBAL_CAPS[d["minor"]] for d in mig if d["minor"] in GLOBAL_CAPS]
 
 
 def both(nvhook, root, rootfs, *flags: str):
