@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NATIVE_SRC := csrc/native.c csrc/native.h csrc/build_native.py setup.py pyproject.toml
 
-.PHONY: all deps venv demo test bench clean
+.PHONY: all deps venv demo test bench wheel clean
 all: venv
 
 deps:
@@ -48,5 +48,9 @@ test: venv
 bench: venv
 	$(PY) bench/run.py
 
+# The wheel a node installs (setup.py compiles the static fronts into its scripts).
+wheel: venv
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info libinject/linux/_native*.so libinject/linux/_native.c
+	rm -rf $(VENV) build dist *.egg-info libinject/linux/_native*.so libinject/linux/_native.c

@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     if hook is not None:
         return _run_guarded(_module(COMMANDS[hook.command][0]).run, hook)
     name = _find_command(argv)
+    if name is None and argv in (["--version"], ["-V"]):
+        from libinject import __version__
+
+        print(f"nvhook {__version__}")
+        return 0
     if name in COMMANDS:
         module = _module(COMMANDS[name][0])
         if getattr(module, "RAW", False):

@@ -294,6 +294,12 @@ def main(argv: Sequence[str]) -> int:
         except NvhookError as e:
             log.error(str(e))
             raise
+    if args.command is None and ("--version" in argv or "-v" in argv):
+        # As NVIDIA's shim: ours first, then the runtime's own (the exec prints it)
+        from libinject import __version__
+
+        sys.stdout.write(f"nvhook-runtime version {__version__}\n\n")
+        sys.stdout.flush()
     log.debug(f"exec {runtime} {' '.join(argv)}")
     os.execv(runtime, [runtime, *argv])
     return 127  # not reached

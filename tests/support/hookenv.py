@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 PY = REPO / ".venv/bin/python"
 FRONT = REPO / ".venv/bin/nvhook-hook"
 FRONT_SRC = REPO / "csrc/hookfront.c"
+FRONT_DEPS = (FRONT_SRC, REPO / "csrc/pyexec.h", REPO / "csrc/gpuscan.h")
 CRUN = shutil.which("crun") or "/usr/bin/crun"
 CTR = shutil.which("ctr") or "/usr/bin/ctr"
 CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
@@ -33,7 +34,7 @@ def ensure_front() -> str:
     (e.g. one built from an older tree, to show a test fails there)."""
     if os.environ.get("NVHOOK_TEST_FRONT"):
         return os.environ["NVHOOK_TEST_FRONT"]
-    if not FRONT.exists() or FRONT.stat().st_mtime < FRONT_SRC.stat().st_mtime:
+    if not FRONT.exists() or FRONT.stat().st_mtime < max(p.stat().st_mtime for p in FRONT_DEPS):
         import sysconfig
 
         pypath = f"{REPO}:{sysconfig.get_paths()['purelib']}"
@@ -94,15 +95,16 @@ PROBE = ("nvidia-smi -L; for d in /dev/nvidia0 /dev/nvidia1; do "
 
 
 def gpu_container(workdir: Path, config: Path, env: Sequence[str], script: str, mode: str = "v1",
-                  stage: str = "prestart", hook_env: Sequence[str] = (), socket: str = "none"):
+                  stage: str = "prestart", hook_env: Sequence[str] = (), socket: str = "none",
+                  front: str | None = None):
     """A RuncContainer running `sh -c script` with ENV + env, /dev/nvidia0 made but not
-    allowed by its cgroup, and the front as its `stage` hook (hook_env: the hook
-    entry's env; socket: the hook service it tries)."""
+    allowed by its cgroup, and the front (this checkout's, or `front`) as its `stage`
+    hook (hook_env: the hook entry's env; socket: the hook service it tries)."""
     from support.runc import RuncContainer
 
+    entry = hook_entry(config, stage, env=hook_env, socket=socket, path=front)
     return RuncContainer(workdir, mode=mode, args=["sh", "-c", script], env=ENV + list(env),
-                         devices=[("/dev/nvidia0", 195, 0)],
-                         hooks={stage: [hook_entry(config, stage, env=hook_env, socket=socket)]})
+                         devices=[("/dev/nvidia0", 195, 0)], hooks={stage: [entry]})
 
 
 def assert_only_gpu1(out: str, uuids: list[str]) -> None:
