@@ -55,3 +55,31 @@ def test_bad_global_option_is_reported_by_argparse():
     r = subprocess.run([sys.executable, "-I", "-m", "nvhook", "--bogus", "prestart"], input="{}",
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_a_user_who_is_not_root_is_told_root_is_needed():
+    """`nvhook info` as a user (nobody) on a simulated host everyone can read: NVML's
+    query needs root (a mount namespace, then dropping to nobody); one line saying so
+    (old code: `NVML ... failed: PermissionError: ... Operation not permitted`, no hint)."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from libinject.sim.build import create_host
+
+    top = Path(tempfile.mkdtemp(prefix="nvu", dir="/tmp"))
+    try:
+        os.chmod(top, 0o755)
+        host = create_host(top / "host", profile="t4x1")
+        cfg = top / "config.toml"
+        cfg.write_text("[nvhook]\nsnapshot = false\n")
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            str(REPO / ".venv/bin/nvhook"), "--root", str(host), "info"],
+                           capture_output=True, text=True, timeout=120,
+                           env={"PATH": "/usr/bin:/bin", "NVHOOK_CONFIG": str(cfg)})
+        assert r.returncode == 1 and r.stdout == "", r
+        [line] = r.stderr.splitlines()
+        assert line.startswith(f"nvhook: NVML on driver root {host} needs root: run this as root ("), line
+    finally:
+        shutil.rmtree(top)

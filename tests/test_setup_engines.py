@@ -514,3 +514,25 @@ def test_crio_handler_gets_nvhooks_config_through_monitor_env(tmp_path, capsys, 
         assert nv["monitor_env"] == [f"PATH={SAFE_PATH}", f"NVHOOK_CONFIG={cfg}"]
     else:
         assert "monitor_env" not in nv
+
+
+def test_setup_says_whether_gpu_containers_will_be_served(tmp_path, a100_host, sockdir, capsys):
+    """`nvhook setup docker` ends with whether the hook service answers on the config's
+    socket, and how to start it when it does not (served is the fast path)."""
+    from support import hookenv
+    from support.serve import Serve
+
+    sock = sockdir / "hook.sock"
+    cfg = hookenv.write_config(tmp_path / "c.toml", a100_host, extra=f'socket = "{sock}"\n')
+    n = Node(tmp_path, "docker", "absent")
+    code, out, err = nvhook(capsys, "--config", str(cfg), *n.args())
+    assert code == 0, err
+    assert out.splitlines()[-1] == (f"the hook service is not running ({sock}): GPU containers take "
+                                    "the exec'd hook, about twice as slow; `nvhook setup service` "
+                                    "installs and starts it")
+    s = Serve(cfg, sock)
+    try:
+        code, out, err = nvhook(capsys, "--config", str(cfg), *n.args())
+        assert out.splitlines()[-1] == f"the hook service answers on {sock}: GPU containers are served"
+    finally:
+        assert s.stop() == 0

@@ -234,6 +234,10 @@ def query(root: str, libpath: str, *, timeout: float = 10.0, user: tuple[int, in
         last = (err.decode(errors="replace").strip().splitlines() or [f"exit status {code}"])[-1]
         raise NvhookError(f"NVML on driver root {root} failed: {last}")
     if "error" in data:
+        if os.geteuid() != 0 and str(data["error"]).startswith("PermissionError"):
+            # (the query unshares a mount namespace and drops to nobody: root's work)
+            raise NvhookError(f"NVML on driver root {root} needs root: run this as root "
+                              f"({data['error']})")
         raise NvhookError(f"NVML on driver root {root} failed: {data['error']}")
     try:
         return info_from_dict(data)

@@ -497,6 +497,29 @@ def _check_dir(path: str) -> None:
                           "and writable by nobody else")
 
 
+def serving(path: str) -> bool:
+    """Whether an `nvhook serve` holds `path` (its lock, as bind() takes it, and the
+    socket there): for what `nvhook setup` tells a user, never for a decision."""
+    import fcntl
+
+    path = os.path.abspath(path)
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+        lock = os.open(path + ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(lock)
+    return False
+
+
 def bind(path: str) -> tuple[socket.socket, int, os.stat_result]:
     """(listening socket, lock fd, the socket file's stat). One server per path: a lock
     file beside the socket says which; a socket left by a dead server is replaced."""
