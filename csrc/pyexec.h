@@ -26,7 +26,7 @@
  * - an installed wheel (setup.py, NVHOOK_RELATIVE): the Python beside the front
  *   (bin/python) and the one lib/python3.N/site-packages of that environment, so an
  *   environment that is moved or copied whole runs its own code.
- * Run as root, the front then checks every component of the interpreter's path and of
+ * Run as the host's root, the front then checks every component of the interpreter's path and of
  * each PYPATH entry, through fds it opens from "/" without following symlinks: root's,
  * and writable by nobody else (a sticky directory excepted), or it refuses: a user who
  * can write there could choose the code root runs. */
@@ -139,6 +139,31 @@ static const char *beside_pypath(const char *dir, int fail)
 }
 #endif
 
+/* Are we root of the initial user namespace (uid_map the identity over all uids)? In
+ * a user namespace (rootless engines) the host's root shows as the overflow uid and we
+ * hold no privilege over the host: the ownership check is for real root only. An
+ * unreadable uid_map counts as the initial namespace (the check then runs). */
+static int host_root(void)
+{
+    if (geteuid() != 0)
+        return 0;
+    char buf[128];
+    int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = '\0';
+    unsigned long inside, outside, count;
+    int lines = 0;
+    for (char *p = buf; *p; p++)
+        lines += *p == '\n';
+    return lines == 1 && sscanf(buf, "%lu %lu %lu", &inside, &outside, &count) == 3 &&
+           inside == 0 && outside == 0 && count == 4294967295UL;
+}
+
 /* Never returns: exits with `fail` if the interpreter cannot (or must not) be run. */
 static void exec_venv_python(const char *main_code, int argc, char *const *argv, char *const *envp,
                              int fail)
@@ -162,7 +187,7 @@ static void exec_venv_python(const char *main_code, int argc, char *const *argv,
         pyexec_refuse(fail, "this front was built for the install in %s, not %s where it is: "
                       "rebuild it there (make venv) or reinstall", python_buf, dir);
 #endif
-    if (geteuid() == 0) {
+    if (host_root()) {
         check_root_only(python, fail);
         char entries[PATH_MAX * 2];
         snprintf(entries, sizeof entries, "%s", pypath);
