@@ -1,0 +1,252 @@
+"""`nvhook doctor`: is this node set up to give containers GPUs through this install?
+
+One check per line, each OK, WARN or FAIL with what to do: the driver root and NVML, the
+fronts and the Python they run, the hook service, each engine's configuration pointing
+at this install (docker, containerd, CRI-O, hooks.d), the CDI specs (valid, current),
+the cgroup version and the kernel features nvhook uses. Reads only; writes nothing.
+An engine whose file is absent is not set up (no line counts against the node for it);
+one whose file names another program is a FAIL (its GPU containers would not be ours).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from libinject.errors import NvhookError
+from libinject.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@record(frozen=True)
+class Check:
+    status: str         # OK, WARN or FAIL
+    name: str
+    detail: str
+    todo: str = ""      # what to do, when not OK
+
+
+@record(frozen=True)
+class Paths:
+    """Where the engines' files are (tests point them elsewhere)."""
+    docker_config: str = "/etc/docker/daemon.json"
+    containerd_config: str = "/etc/containerd/config.toml"
+    crio_drop_in: str = "/etc/crio/crio.conf.d/99-nvhook.toml"
+    hooks_dir: str = "/usr/share/containers/oci/hooks.d"
+    cdi_specs: tuple[str, ...] = ("/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml")
+
+
+def run(paths: Paths, *, config: str | None = None, root: str | None = None,
+        ldcache: str | None = None) -> list[Check]:
+    from libinject import config as _config
+
+    cfg = _config.load(config)
+    out = [_driver(cfg, root, ldcache)]
+    out += _fronts()
+    out.append(_service(cfg.nvhook.socket))
+    out += [c for c in (_docker(paths.docker_config), _containerd(paths.containerd_config),
+                        _crio(paths.crio_drop_in), _hooksd(paths.hooks_dir)) if c is not None]
+    out += [c for p in paths.cdi_specs if (c := _cdi_spec(p, config, root, ldcache)) is not None]
+    out.append(_cgroups())
+    out.append(_kernel())
+    return out
+
+
+# -- the driver, the fronts, the service ----------------------------------------------------
+
+def _driver(cfg, root: str | None, ldcache: str | None) -> Check:
+    try:
+        d = cfg.discover_options(root=root, ldcache=ldcache).discover()
+    except NvhookError as e:
+        return Check(FAIL, "driver", str(e), "check the driver root (--root, [nvidia-container-cli] root) "
+                     "and that the NVIDIA driver is loaded")
+    return Check(OK, "driver", f"{d.info.driver_version} (CUDA {d.info.cuda_version}), "
+                 f"{len(d.info.gpus)} GPU(s) under {d.root}; NVML answered")
+
+
+def _ours(name: str) -> str:
+    from libinject.setup.install import venv_program
+
+    return venv_program(name, check=False)
+
+
+def _fronts() -> list[Check]:
+    """Each front there, and running this install's nvhook (its --version)."""
+    from libinject import __version__
+
+    out = []
+    for name in ("nvhook-hook", "nvhook-runtime"):
+        path = _ours(name)
+        if not os.access(path, os.X_OK):
+            out.append(Check(FAIL, name, f"no {path}", "reinstall (pip), or `make venv` in a checkout"))
+            continue
+        try:
+            r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, cwd="/",
+                               env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(Check(FAIL, name, f"{path} does not run: {e}", "reinstall"))
+            continue
+        first = (r.stdout.splitlines() or [""])[0]
+        if r.returncode != 0 or not first.endswith(f" {__version__}"):
+            why = (r.stderr.strip().splitlines() or [first or f"exit status {r.returncode}"])[-1]
+            out.append(Check(FAIL, name, f"{path}: {why}", "reinstall, or `make venv` in a checkout"))
+        else:
+            out.append(Check(OK, name, f"{path} runs nvhook {__version__}"))
+    return out
+
+
+def _service(sock: str) -> Check:
+    from libinject.runtime.service import serving
+
+    if serving(sock):
+        return Check(OK, "service", f"nvhook serve answers on {sock}: GPU containers are served")
+    return Check(WARN, "service", f"nvhook serve is not running on {sock}: GPU containers take the "
+                 "exec'd hook (about twice as slow)", "`nvhook setup service`")
+
+
+# -- the engines -----------------------------------------------------------------------------
+
+def _read(path: str) -> bytes | None:
+    """The file (at most 4 MiB), None when absent; NvhookError when it cannot be read."""
+    from libinject.linux.files import read_bounded
+
+    return read_bounded(path, 4 << 20, "file", missing_ok=True)
+
+
+def _points(name: str, path: str, found: Any, want: str, setup: str) -> Check:
+    if found == want:
+        return Check(OK, name, f"{path} runs {want}")
+    if found is None:
+        return Check(WARN, name, f"{path} has no nvidia runtime", f"`{setup}`")
+    return Check(FAIL, name, f"{path} runs {found}, not this install's {want}", f"`{setup}`")
+
+
+def _docker(path: str) -> Check | None:
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data or b"{}")
+        found = doc.get("runtimes", {}).get("nvidia", {}).get("path")
+    except (ValueError, AttributeError) as e:
+        return Check(FAIL, "docker", f"{path}: {e}", "fix the file, then `nvhook setup docker`")
+    return _points("docker", path, found, _ours("nvhook-runtime"), "nvhook setup docker")
+
+
+def _containerd(path: str) -> Check | None:
+    import tomllib
+
+    from libinject.setup.containerd import PLUGINS
+
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        doc = tomllib.loads(data.decode())
+        plugin = doc.get("plugins", {}).get(PLUGINS.get(doc.get("version", 1), ""), {})
+        found = plugin.get("containerd", {}).get("runtimes", {}).get("nvidia", {}).get("options", {}) \
+                      .get("BinaryName")
+    except (ValueError, AttributeError, TypeError) as e:
+        return Check(FAIL, "containerd", f"{path}: {e}", "fix the file, then `nvhook setup containerd`")
+    return _points("containerd", path, found, _ours("nvhook-runtime"), "nvhook setup containerd")
+
+
+def _crio(path: str) -> Check | None:
+    import tomllib
+
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        found = tomllib.loads(data.decode()).get("crio", {}).get("runtime", {}).get("runtimes", {}) \
+                       .get("nvidia", {}).get("runtime_path")
+    except (ValueError, AttributeError) as e:
+        return Check(FAIL, "crio", f"{path}: {e}", "fix the file, then `nvhook setup crio`")
+    return _points("crio", path, found, _ours("nvhook-runtime"), "nvhook setup crio")
+
+
+def _hooksd(directory: str) -> Check | None:
+    from libinject.runtime.hooksd import FILES
+
+    for name in FILES.values():
+        path = os.path.join(directory, name)
+        data = _read(path)
+        if data is None:
+            continue
+        try:
+            found = json.loads(data).get("hook", {}).get("path")
+        except (ValueError, AttributeError) as e:
+            return Check(FAIL, "hooks.d", f"{path}: {e}", "`nvhook hooks install`")
+        return _points("hooks.d", path, found, _ours("nvhook-hook"), "nvhook hooks install")
+    return None
+
+
+def _cdi_spec(path: str, config: str | None, root: str | None, ldcache: str | None) -> Check | None:
+    from libinject.apply.cdi_validate import validate_file
+    from libinject.setup.podman import spec_text
+
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        problems = validate_file(path)
+    except NvhookError as e:
+        problems = [str(e)]
+    if problems:
+        return Check(FAIL, "cdi", f"{path}: {problems[0]}", f"`nvhook cdi refresh --output {path}`")
+    try:
+        current = spec_text(path, config=config, root=root, ldcache=ldcache) == data
+    except NvhookError as e:
+        return Check(WARN, "cdi", f"{path}: valid, cannot tell whether current: {e}")
+    if not current:
+        return Check(WARN, "cdi", f"{path}: valid but stale (the host's GPUs or driver changed "
+                     "since it was written)", f"`nvhook cdi refresh --output {path}`")
+    return Check(OK, "cdi", f"{path}: valid and current")
+
+
+# -- the kernel --------------------------------------------------------------------------
+
+def _cgroups() -> Check:
+    try:
+        v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    except OSError:
+        v2 = False
+    return Check(OK, "cgroups", "v2: device rules as eBPF programs" if v2 else "v1: devices.allow")
+
+
+def _kernel() -> Check:
+    from libinject.linux import native
+    from libinject.runtime.service import populate_write_works
+
+    missing = []
+    try:
+        fd = os.open("/", os.O_PATH)
+        try:
+            native.mount_id(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        missing.append("statx mount ids (5.8)")
+    if not populate_write_works():
+        missing.append("MADV_POPULATE_WRITE (5.14: the service's spares are not pre-faulted)")
+    release = os.uname().release
+    if missing:
+        return Check(WARN, "kernel", f"{release}: no {', '.join(missing)}", "a kernel >= 5.14")
+    return Check(OK, "kernel", f"{release}: openat2, statx mount ids, pidfds, MADV_POPULATE_WRITE")
+
+
+def render(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status:<4} {c.name}: {c.detail}" + (f"; do: {c.todo}" if c.todo else ""))
+    return "\n".join(lines) + "\n"
+
+
+def as_json(checks: list[Check]) -> str:
+    return json.dumps([{"status": c.status, "name": c.name, "detail": c.detail, "todo": c.todo}
+                       for c in checks], indent=2) + "\n"
