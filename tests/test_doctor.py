@@ -97,3 +97,16 @@ def test_not_root_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.startswith("nvhook: doctor needs root") and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("engine, text", [
+    ("containerd", 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+                   'BinaryName = "/opt/other/bin/nvhook-runtime"\n'),
+    ("crio", '[crio.runtime.runtimes.nvidia]\nruntime_path = "/opt/other/bin/nvhook-runtime"\n'),
+])
+def test_a_toml_engine_config_naming_another_install_fails(node, tmp_path, engine, text):
+    cfg, sock, spec, daemon, doctor = node
+    (tmp_path / ("none.toml" if engine == "containerd" else "none-crio.toml")).write_text(text)
+    code, checks = doctor()
+    assert code == 1 and checks[engine]["status"] == "FAIL"
+    assert checks[engine]["detail"].endswith(f"runs /opt/other/bin/nvhook-runtime, not this install's {SHIM}")

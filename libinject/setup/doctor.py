@@ -138,36 +138,41 @@ def _docker(path: str) -> Check | None:
     return _points("docker", path, found, _ours("nvhook-runtime"), "nvhook setup docker")
 
 
-def _containerd(path: str) -> Check | None:
-    import tomllib
+def _dig(doc: Any, *keys: Any) -> Any:
+    """doc[k1][k2]..., None where a level is missing or not a table."""
+    for k in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(k)
+    return doc
 
-    from libinject.setup.containerd import PLUGINS
+
+def _toml_runtime(name: str, path: str, dig, setup: str) -> Check | None:
+    """A TOML engine config (absent: None) whose nvidia runtime dig(doc) names."""
+    import tomllib
 
     data = _read(path)
     if data is None:
         return None
     try:
-        doc = tomllib.loads(data.decode())
-        plugin = doc.get("plugins", {}).get(PLUGINS.get(doc.get("version", 1), ""), {})
-        found = plugin.get("containerd", {}).get("runtimes", {}).get("nvidia", {}).get("options", {}) \
-                      .get("BinaryName")
-    except (ValueError, AttributeError, TypeError) as e:
-        return Check(FAIL, "containerd", f"{path}: {e}", "fix the file, then `nvhook setup containerd`")
-    return _points("containerd", path, found, _ours("nvhook-runtime"), "nvhook setup containerd")
+        found = dig(tomllib.loads(data.decode()))
+    except ValueError as e:
+        return Check(FAIL, name, f"{path}: {e}", f"fix the file, then `{setup}`")
+    return _points(name, path, found, _ours("nvhook-runtime"), setup)
+
+
+def _containerd(path: str) -> Check | None:
+    from libinject.setup.containerd import PLUGINS
+
+    def dig(doc: dict) -> Any:
+        plugin = _dig(doc, "plugins", PLUGINS.get(doc.get("version", 1), ""))
+        return _dig(plugin, "containerd", "runtimes", "nvidia", "options", "BinaryName")
+    return _toml_runtime("containerd", path, dig, "nvhook setup containerd")
 
 
 def _crio(path: str) -> Check | None:
-    import tomllib
-
-    data = _read(path)
-    if data is None:
-        return None
-    try:
-        found = tomllib.loads(data.decode()).get("crio", {}).get("runtime", {}).get("runtimes", {}) \
-                       .get("nvidia", {}).get("runtime_path")
-    except (ValueError, AttributeError) as e:
-        return Check(FAIL, "crio", f"{path}: {e}", "fix the file, then `nvhook setup crio`")
-    return _points("crio", path, found, _ours("nvhook-runtime"), "nvhook setup crio")
+    return _toml_runtime("crio", path, lambda doc: _dig(doc, "crio", "runtime", "runtimes", "nvidia",
+                                                        "runtime_path"), "nvhook setup crio")
 
 
 def _hooksd(directory: str) -> Check | None:
