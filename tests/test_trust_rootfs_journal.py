@@ -315,3 +315,28 @@ def test_a_full_run_fails_the_start_with_one_line_and_leaves_nothing(rootfs, tmp
         assert err.endswith("No space left on device"), err
         assert snapshot(rootfs, dir_mtimes=False) == before, f"{pages} pages: {err}"
     assert failed >= 2 and err is None
+
+
+def test_a_big_forged_journal_costs_what_its_first_line_does(rootfs, tmp_path):
+    """A writer of /run fills a victim's journal with 40 MiB: the start reads and hashes
+    its first line only (the header's seal fails), then starts it afresh."""
+    import tracemalloc
+
+    from libinject.apply.rootfs import DiskJournal
+
+    d = tmp_path / "journal"
+    d.mkdir(mode=0o700)
+    forged = d / _journal_name(rootfs)
+    forged.write_bytes(b"0" * 32 + b" {}\n" + b"x" * (40 << 20))
+    tracemalloc.start()
+    try:
+        j = DiskJournal.open(str(rootfs), directory=str(d), key=b"k" * 32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    try:
+        assert j.stale == [] and len(j.notes) == 1 and "line 1 fails its seal" in j.notes[0]
+        assert peak < 1 << 20, peak
+        assert forged.stat().st_size == 0       # started afresh
+    finally:
+        j.done()

@@ -276,7 +276,14 @@ class DiskJournal:
         if size > cls.MAX_BYTES:
             notes.append(f"journal {path}: {size} bytes, more than any apply writes; discarded")
             return []
-        chunks = []
+        chunks = [os.read(fd, 1 << 16)]
+        head = chunks[0].split(b"\n", 1)[0]
+        mac, _, body = head.partition(b" ")
+        if not _compare_digest(mac, _seal_line(_chain(key), body)):
+            # (the header first: a forged file costs what its first line does, not its size)
+            notes.append(f"journal {path}: line 1 fails its seal (not written by this host's "
+                         "nvhook); it and what follows discarded")
+            return []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
         lines = b"".join(chunks).split(b"\n")
