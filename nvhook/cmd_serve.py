@@ -12,7 +12,7 @@ own config (the hook entry's --config, else the default path), as the exec'd hoo
 would; this command's config gives the socket, the timeout and what to warm. Discovery
 is warmed before the socket appears, so no front waits on a service still starting.
 Runs in the foreground (systemd: `nvhook setup service` installs
-contrib/nvhook-serve.service); SIGTERM stops it after the requests in flight. One line
+libinject/setup/units/nvhook-serve.service); SIGTERM stops it after the requests in flight. One line
 per event on stderr. Under systemd (Type=notify, $NOTIFY_SOCKET: the front passes it on
 for this command only) it says READY=1 once warm and listening, STOPPING=1 on SIGTERM.
 """

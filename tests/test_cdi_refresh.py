@@ -20,7 +20,7 @@ from support import hookenv
 from support.cdi_refresh import GpuAway, Watch, device_names, gpu_entry, uuid_of, write_config
 from support.cli import one_error
 
-UNIT = REPO / "contrib" / "nvhook-cdi-refresh.service"
+UNIT = REPO / "libinject/setup/units" / "nvhook-cdi-refresh.service"
 ANALYZE = "/usr/bin/systemd-analyze"
 # A GPU gone or back shows within this (the watcher checks every 0.5 s here).
 DEADLINE = 20

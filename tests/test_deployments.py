@@ -165,5 +165,5 @@ def test_the_service_runs_under_a_memory_limit():
     hostile image from taking the node's memory; the systemd unit likewise."""
     assert daemonset()["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
     assert containers()["serve"]["resources"]["limits"]["memory"] == "2Gi"
-    unit = (DEPLOY.parent.parent / "contrib/nvhook-serve.service").read_text().splitlines()
+    unit = (DEPLOY.parent.parent / "libinject/setup/units/nvhook-serve.service").read_text().splitlines()
     assert "MemoryMax=2G" in unit and "OOMScoreAdjust=-500" in unit

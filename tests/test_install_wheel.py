@@ -134,3 +134,17 @@ def test_a_front_refuses_a_site_packages_others_can_write(venv, tmp_path):
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == f"nvhook: refusing to run Python from {site}: writable by others than root\n"
     assert [p for p in paths if p.endswith("/python") or "python3" in p.rsplit("/", 1)[-1]] == []
+
+
+def test_the_installed_package_sets_up_its_service_unit(venv, tmp_path):
+    """`nvhook setup service` from the wheel's install: the unit template is package data
+    (old code: read from the checkout's contrib/, absent in a wheel), its ExecStart runs
+    that install's front."""
+    units = tmp_path / "units"
+    units.mkdir()
+    r = subprocess.run([venv / "bin/nvhook", "setup", "service", "--unit-dir", str(units), "--no-start",
+                        "--backup-dir", str(tmp_path / "store")], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    unit = (units / "nvhook-serve.service").read_text().splitlines()
+    assert f"ExecStart={venv}/bin/nvhook-hook serve" in unit

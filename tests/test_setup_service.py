@@ -24,7 +24,7 @@ from support import hookenv, serve_client
 from support.cli import one_error, tree_state
 
 UNIT = "nvhook-serve.service"
-TEMPLATE = REPO / "contrib" / UNIT
+TEMPLATE = REPO / "libinject/setup/units" / UNIT
 ANALYZE = "/usr/bin/systemd-analyze"
 
 

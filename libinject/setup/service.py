@@ -1,6 +1,7 @@
 """The `service` target: the systemd unit of `nvhook serve` (the warm hook service).
 
-The unit comes from the template contrib/nvhook-serve.service with ExecStart set to
+The unit comes from the template libinject/setup/units/nvhook-serve.service (package data:
+an installed wheel has it too) with ExecStart set to
 this install's hook front (the nvhook-hook next to this venv's python; a `--config`
 is passed on to it), written with the shared mechanics (libinject.setup.install: the
 unit there before, or that there was none, is kept in the store the first time;
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
 
 UNIT = "nvhook-serve.service"
 UNIT_DIR = "/etc/systemd/system"
-TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "contrib", UNIT)
+TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "units", UNIT)
 # sd_booted(3): systemd is the init system if this exists.
 SYSTEMD_RUNNING = "/run/systemd/system"
 # Where systemd loads system units from (systemd.unit(5)): elsewhere, systemctl is not run.
