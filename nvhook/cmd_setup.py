@@ -89,6 +89,9 @@ def _service_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-start", action="store_true",
                    help="write (or undo) the unit and reload systemd, but do not enable, "
                         "start, stop or restart the service")
+    p.add_argument("--cdi-refresh", action="store_true",
+                   help="also nvhook-cdi-refresh.service (`nvhook cdi refresh --watch`: keeps "
+                        "/var/run/cdi/nvidia.yaml current)")
 
 
 def _systemctl(argv: list[str], timeout: float) -> str:
@@ -103,8 +106,10 @@ def _service(args: argparse.Namespace) -> str:
     systemd = service.Systemd(running=SYSTEMD_RUNNING, unit_dirs=tuple(SYSTEMD_UNIT_DIRS),
                               systemctl=lambda argv, timeout: _systemctl(argv, timeout),
                               reload_timeout=SYSTEMCTL_TIMEOUT)
-    return service.setup(args.unit_dir, config=args.config, dry_run=args.dry_run, undo=args.undo,
-                         no_start=args.no_start, systemd=systemd, backup_dir=args.backup_dir)
+    units = [service.UNIT] + ([service.REFRESH_UNIT] if args.cdi_refresh else [])
+    return "".join(service.setup(args.unit_dir, config=args.config, dry_run=args.dry_run, undo=args.undo,
+                                 no_start=args.no_start, systemd=systemd, backup_dir=args.backup_dir,
+                                 unit=unit) for unit in units)
 
 
 # -- the engines -----------------------------------------------------------------------------

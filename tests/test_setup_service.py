@@ -397,3 +397,23 @@ def test_hook_stage_sends_nothing_to_notify_socket(tmp_path, a100_host, sockdir)
         assert ns.recv(0.5) is None
     finally:
         ns.close()
+
+
+def test_cdi_refresh_unit_runs_this_installs_front(units):
+    """`setup service --cdi-refresh` also writes nvhook-cdi-refresh.service from its
+    template (whose ExecStart is a placeholder), running this install's front; it passes
+    systemd-analyze verify; --undo takes both away."""
+    from libinject.setup.service import REFRESH_UNIT
+
+    front = hookenv.ensure_front()
+    r = setup("--unit-dir", str(units), "--cdi-refresh", config="/etc/nvhook/config.toml")
+    assert r.returncode == 0, r.stderr
+    assert [ln.split(";")[0] for ln in r.stdout.splitlines()] == [f"wrote {units / UNIT}",
+                                                                   f"wrote {units / REFRESH_UNIT}"]
+    lines = (units / REFRESH_UNIT).read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("ExecStart=")] == [
+        f"ExecStart={front} --config /etc/nvhook/config.toml cdi refresh --watch"]
+    v = run([ANALYZE, "verify", "--man=no", str(units / REFRESH_UNIT)], env={"PATH": SAFE_PATH})
+    assert v.returncode == 0, v.stderr + v.stdout
+    assert setup("--unit-dir", str(units), "--cdi-refresh", "--undo").returncode == 0
+    assert sorted(p.name for p in units.iterdir()) == []

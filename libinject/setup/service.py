@@ -24,8 +24,12 @@ if TYPE_CHECKING:
     from typing import Callable
 
 UNIT = "nvhook-serve.service"
+REFRESH_UNIT = "nvhook-cdi-refresh.service"
+# Each unit nvhook installs, and what its ExecStart runs after the front (and --config).
+UNITS = {UNIT: ("serve",), REFRESH_UNIT: ("cdi", "refresh", "--watch")}
 UNIT_DIR = "/etc/systemd/system"
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "units", UNIT)
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "units")
+TEMPLATE = os.path.join(TEMPLATES, UNIT)
 # sd_booted(3): systemd is the init system if this exists.
 SYSTEMD_RUNNING = "/run/systemd/system"
 # Where systemd loads system units from (systemd.unit(5)): elsewhere, systemctl is not run.
@@ -95,24 +99,27 @@ def _steps_text(steps: list[tuple[str, ...]]) -> str:
 
 def setup(unit_dir: str = UNIT_DIR, *, config: str | None = None, dry_run: bool = False,
           undo: bool = False, no_start: bool = False, systemd: Systemd | None = None,
-          backup_dir: str | None = None) -> str:
-    """Install (or undo) the unit in unit_dir; the text to show."""
+          backup_dir: str | None = None, unit: str = UNIT) -> str:
+    """Install (or undo) `unit` (one of UNITS) in unit_dir; the text to show."""
     systemd = systemd or Systemd()
     unit_dir = os.path.abspath(unit_dir)
-    wanted = None if undo else Entry.file(render_unit(read_template(), front(), serve_config(config)))
+    template = os.path.join(TEMPLATES, unit)
+    wanted = None if undo else Entry.file(render_unit(read_template(template), front(), serve_config(config),
+                                                      UNITS[unit], template))
     os.close(open_dir(unit_dir, "unit directory"))     # a missing one: this message
-    target = Target(os.path.join(unit_dir, UNIT), store=backup_dir, limit=MAX_UNIT)
+    target = Target(os.path.join(unit_dir, unit), store=backup_dir, limit=MAX_UNIT)
     if undo:
-        return _undo(target, dry_run, no_start, systemd)
-    return _install(target, wanted, dry_run, no_start, systemd)
+        return _undo(target, dry_run, no_start, systemd, unit)
+    return _install(target, wanted, dry_run, no_start, systemd, unit)
 
 
-def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, systemd: Systemd) -> str:
+def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, systemd: Systemd,
+             unit: str = UNIT) -> str:
     path = target.path
     cur = target.read()
     if cur is not None and cur.kind == "link" and cur.data == b"/dev/null":
         raise NvhookError(f"{path} is masked (a link to /dev/null): "
-                          f"`systemctl unmask {UNIT}` first if it should run")
+                          f"`systemctl unmask {unit}` first if it should run")
     changed = not wanted.same(cur)
     why_not = systemd.unusable(target.dir)
     steps: list[tuple[str, ...]] = []
@@ -120,8 +127,8 @@ def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, syste
         if changed:     # a running service gets the new unit; enable --now starts one that is not
             steps.append(("daemon-reload",))
         if not no_start:
-            steps += [("try-restart", UNIT)] if changed else []
-            steps.append(("enable", "--now", UNIT))
+            steps += [("try-restart", unit)] if changed else []
+            steps.append(("enable", "--now", unit))
     if changed:
         target.saved()      # a backup it must refuse: refused before anything is run or shown
     if dry_run:
@@ -137,11 +144,11 @@ def _install(target: Target, wanted: Entry, dry_run: bool, no_start: bool, syste
     elif no_start:
         tail = "--no-start: not enabled or started" + ("; reloaded systemd" if steps else "")
     else:
-        tail = f"{UNIT} enabled and running"
+        tail = f"{unit} enabled and running"
     return f"{what}; {tail}\n"
 
 
-def _undo(target: Target, dry_run: bool, no_start: bool, systemd: Systemd) -> str:
+def _undo(target: Target, dry_run: bool, no_start: bool, systemd: Systemd, unit: str = UNIT) -> str:
     path = target.path
     saved = target.saved()
     if saved is None:
@@ -153,10 +160,10 @@ def _undo(target: Target, dry_run: bool, no_start: bool, systemd: Systemd) -> st
     after: list[tuple[str, ...]] = []
     if not why_not:
         if backup is None and cur is not None and not no_start:
-            before.append(("disable", "--now", UNIT))   # ours alone: stopped before it goes
+            before.append(("disable", "--now", unit))   # ours alone: stopped before it goes
         after.append(("daemon-reload",))
         if backup is not None and not no_start:
-            after.append(("try-restart", UNIT))         # a running one gets the old unit back
+            after.append(("try-restart", unit))         # a running one gets the old unit back
     if dry_run:
         return diff(path, cur, backup) + _steps_text(before + after)
     systemd.run_steps(before, "nothing changed")
@@ -189,21 +196,22 @@ def serve_config(config: str | None) -> str | None:
     return config
 
 
-def read_template() -> str:
+def read_template(path: str = TEMPLATE) -> str:
     try:
-        with open(TEMPLATE, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             return f.read(MAX_UNIT)
     except (OSError, UnicodeDecodeError) as e:
-        raise NvhookError(f"unit template {TEMPLATE}: {getattr(e, 'strerror', None) or e}") from None
+        raise NvhookError(f"unit template {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def render_unit(template: str, front: str, config: str | None = None) -> bytes:
-    """The template with its one ExecStart= line running `FRONT [--config C] serve`."""
-    argv = [front, *(["--config", config] if config else []), "serve"]
+def render_unit(template: str, front: str, config: str | None = None, command: tuple[str, ...] = ("serve",),
+                name: str = TEMPLATE) -> bytes:
+    """The template with its one ExecStart= line running `FRONT [--config C] COMMAND`."""
+    argv = [front, *(["--config", config] if config else []), *command]
     lines = template.splitlines(keepends=True)
     at = [i for i, line in enumerate(lines) if line.startswith("ExecStart=")]
     if len(at) != 1:
-        raise NvhookError(f"unit template {TEMPLATE}: expected one ExecStart= line, found {len(at)}")
+        raise NvhookError(f"unit template {name}: expected one ExecStart= line, found {len(at)}")
     lines[at[0]] = "ExecStart=" + " ".join(unit_word(a) for a in argv) + "\n"
     return "".join(lines).encode()
 
