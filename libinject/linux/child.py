@@ -75,6 +75,11 @@ class Child:
             _readable(self.pidfd, left)
         return self.code
 
+    def exited(self) -> bool:
+        """Whether it has exited (its pidfd is readable), reaped or not: a traced child
+        can have exited and still not be ours to wait for."""
+        return self.code is not None or _readable(self.pidfd, 0)
+
     def reap(self, timeout: float = 0.0) -> int | None:
         """Give it `timeout` seconds to exit, then kill it; reaped either way. None only
         if it is still there KILL_GRACE seconds after SIGKILL (stuck in the kernel)."""

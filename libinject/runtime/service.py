@@ -1007,7 +1007,7 @@ class Server:
                 os.close(child.pidfd)
                 child.pidfd = -1
                 self.dying.remove(child)
-            elif child.pidfd in self.watched_dying and _readable_now(child.pidfd):
+            elif child.pidfd in self.watched_dying and child.exited():
                 # Exited yet not waitable (a tracer holds its exit): readable for good,
                 # so polled every DYING_POLL instead of waking us in a loop
                 self._unwatch(child.pidfd)
@@ -1503,10 +1503,6 @@ def _untrusted_peer(conn: socket.socket, pid: int, uid: int,
     finally:
         if pidfd >= 0:
             os.close(pidfd)
-
-
-def _readable_now(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _read_fd(fd: int) -> bytes:
