@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NATIVE_SRC := csrc/native.c csrc/native.h csrc/build_native.py setup.py pyproject.toml
 
-.PHONY: all deps venv demo test bench wheel clean
+.PHONY: all deps venv demo test bench wheel deb clean
 all: venv
 
 deps:
@@ -51,6 +51,10 @@ bench: venv
 # The wheel a node installs (setup.py compiles the static fronts into its scripts).
 wheel: venv
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+
+# The Debian package (packaging/build_deb.py): dist/nvhook_<version>_amd64.deb.
+deb: venv
+	$(PY) packaging/build_deb.py dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info libinject/linux/_native*.so libinject/linux/_native.c

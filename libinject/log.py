@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import os
 
+# A log file is kept under this: past it, the file becomes FILE.1 (the one before is
+# dropped) and the next line starts a new one, so a busy node's log is bounded at twice
+# this (logrotate, where an administrator runs it, works as usual: we append by path).
+MAX_BYTES = 16 << 20
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40}
 
 
@@ -51,6 +55,8 @@ class Log:
                              0o640)
                 try:
                     os.write(fd, data)
+                    if os.fstat(fd).st_size > MAX_BYTES:
+                        _rotate(path, fd)
                 finally:
                     os.close(fd)
             except OSError:
@@ -64,3 +70,15 @@ class Log:
 
     def error(self, msg: str) -> None:
         self.write("error", msg)
+
+
+def _rotate(path: str, fd: int) -> None:
+    """path becomes path.1 -- if it is still the file fd is (another writer may have
+    rotated it already: renaming the new one would lose the old)."""
+    try:
+        st = os.fstat(fd)
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            os.rename(path, path + ".1")
+    except OSError:
+        pass

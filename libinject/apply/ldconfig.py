@@ -261,8 +261,14 @@ def run_sandboxed(root: RootFS, exec_fd: int, argv: list[str], *, timeout: float
         except BaseException as e:  # report, never return into the caller's stack
             msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             what = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
+            line = f"nvhook sandbox: {what}{msg}\n".encode()
             try:
-                os.write(w, f"nvhook sandbox: {what}{msg}\n".encode())
+                os.write(w, line)
+            except OSError:     # w is closed once it is stdout/stderr (closerange)
+                try:
+                    os.write(2, line)
+                except OSError:
+                    pass
             finally:
                 os._exit(126)
         os._exit(126)
@@ -365,8 +371,14 @@ def _sandbox_child(root: RootFS, exec_fd: int, argv: list[str], err_fd: int) -> 
         limit_capabilities({_prctl.CAP_DAC_OVERRIDE}, last_cap=last_cap)
     else:
         os.setresuid(root.uid, root.uid, root.uid)
-    # Nothing keyed in the caller's session keyring (the runtime's) is reachable.
-    native.join_session_keyring()
+    # Nothing keyed in the caller's session keyring (the runtime's) is reachable. Where
+    # keyctl is refused to us (a seccomp filter: systemd-nspawn's, a container's) it is
+    # refused to ldconfig as well, and the filter below denies the key syscalls anyway.
+    try:
+        native.join_session_keyring()
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOSYS):
+            raise
     # Dies with the apply that runs it (a hook killed by its runtime's timeout): set
     # after the last credential change, which clears it. The parent may have died
     # before: its end of our pipe (stdout now) is closed then.

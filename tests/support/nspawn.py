@@ -1,0 +1,139 @@
+"""A fresh Debian 12 root (mmdebstrap, from Debian's registry) booted with systemd-nspawn,
+so a package is tested the way a node runs it: its postinst in a chroot, its units started
+by the root's own systemd at boot, its purge against the root's file list.
+
+PID 1 here is not systemd (no bus to register a machine with), so nspawn runs with
+--register=no --keep-unit inside a cgroup made for it, and the container gets the unified
+hierarchy (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: on this hybrid host the v1 controllers
+would be read-only inside, and runc could not make its container's cgroups). nspawn's
+seccomp filter would refuse bpf (runc's and nvhook's device programs) and keyctl (runc's
+session keyring): allowed, as a node's runtime has them. Commands run inside through
+nsenter into the container's PID 1.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Sequence
+
+MMDEBSTRAP = shutil.which("mmdebstrap") or "/usr/bin/mmdebstrap"
+NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
+PACKAGES = "python3,systemd,systemd-sysv,dbus,runc"
+BOOT_TIMEOUT = 120
+# What booting and dpkg's own book-keeping change in a root, whatever is installed.
+NOISE = ("var/log/journal", "var/lib/systemd", "run", "tmp", "var/tmp",
+         "var/log/dpkg.log", "var/log/alternatives.log")      # dpkg's own record of each run
+
+
+def debootstrap(dest: Path) -> Path:
+    """Debian 12 (minbase, with systemd and runc) in dest."""
+    r = subprocess.run([MMDEBSTRAP, "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(dest)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dest
+
+
+def file_list(root: Path) -> dict[str, str]:
+    """Every path under root (but NOISE) -> its type and, for a link, its target."""
+    out: dict[str, str] = {}
+    for top, dirs, files in os.walk(root):
+        rel_top = os.path.relpath(top, root)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel_top, d)) not in NOISE]
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            rel = os.path.normpath(os.path.join(rel_top, name))
+            if rel in NOISE:
+                continue
+            out[rel] = f"-> {os.readlink(path)}" if os.path.islink(path) else ("dir" if os.path.isdir(path) else "file")
+    return out
+
+
+def chroot(root: Path, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _unified() -> Path:
+    for p in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+        if (p / "cgroup.procs").exists() and (p / "cgroup.subtree_control").exists():
+            return p
+    raise RuntimeError("no cgroup2 hierarchy mounted")
+
+
+def _rm_cgroup(path: Path) -> None:
+    for top, dirs, _files in os.walk(path, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(os.path.join(top, d))
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+class Machine:
+    """root booted with systemd-nspawn (binds: (host path, path inside))."""
+
+    def __init__(self, root: Path, binds: Sequence[tuple[Path | str, str]] = ()) -> None:
+        self.root = root
+        self.cgroup = _unified() / f"nvhook-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.cgroup.mkdir()
+        argv = [NSPAWN, "-q", "-D", str(root), "--boot", "--register=no", "--keep-unit", "--console=pipe",
+                "--capability=all", "--system-call-filter=bpf @keyring",
+                *[f"--bind={host}:{inside}" for host, inside in binds]]
+        self.log = open(root.parent / f"{root.name}.nspawn.log", "wb")
+        env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
+        self.proc = subprocess.Popen(["sh", "-c", f'echo $$ > "{self.cgroup}/cgroup.procs" && exec "$@"',
+                                      "sh", *argv], stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env)
+        try:
+            self.pid1 = self._wait_boot()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_boot(self) -> int:
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"systemd-nspawn exited {self.proc.returncode}: {self._log()}")
+            kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            if kids:
+                self.pid1 = int(kids[0])
+                r = self.run("systemctl", "is-system-running", "--wait", timeout=BOOT_TIMEOUT)
+                if r.stdout.strip() in ("running", "degraded"):
+                    return self.pid1
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.root} did not boot within {BOOT_TIMEOUT} s: {self._log()}")
+
+    def _log(self) -> str:
+        return (self.root.parent / f"{self.root.name}.nspawn.log").read_text(errors="replace")[-2000:]
+
+    def run(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """argv inside the machine (all its namespaces), with a plain PATH."""
+        return subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "--",
+                               "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *argv],
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            if getattr(self, "pid1", None):
+                self.run("systemctl", "poweroff", "--no-block", timeout=30)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.log.close()
+        _rm_cgroup(self.cgroup)
+
+    def __enter__(self) -> Machine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
