@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NATIVE_SRC := csrc/native.c csrc/native.h csrc/build_native.py setup.py pyproject.toml
 
-.PHONY: all deps venv demo test bench wheel deb clean
+.PHONY: all deps venv demo test bench wheel deb bundle image clean
 all: venv
 
 deps:
@@ -55,6 +55,14 @@ wheel: venv
 # The Debian package (packaging/build_deb.py): dist/nvhook_<version>_amd64.deb.
 deb: venv
 	$(PY) packaging/build_deb.py dist
+
+# nvhook with its own Python and libraries for any node (packaging/build_bundle.py), and
+# the Kubernetes image that carries it (packaging/build_image.py).
+bundle: venv
+	$(PY) packaging/build_bundle.py dist
+
+image: venv
+	$(PY) packaging/build_image.py dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info libinject/linux/_native*.so libinject/linux/_native.c

@@ -63,10 +63,10 @@ def run(argv: list[str], **kw) -> None:
         fail(f"`{' '.join(map(str, argv[:4]))} ...` failed: {lines[-1] if lines else r.returncode}")
 
 
-def build_venv(work: Path, stage: Path) -> Path:
-    """The venv at stage/PREFIX with this tree's wheel (and its [refresh] extra) installed."""
+def wheel_of_tree(work: Path) -> Path:
+    """This tree's wheel (with its static fronts), built in work/ from a copy of the tracked
+    files: no build dirs left in the checkout."""
     dist, src = work / "dist", work / "src"
-    # From a copy of the tracked files: no build dirs left in the checkout.
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for rel in tracked.decode().split("\0"):
         if rel and (REPO / rel).is_file():
@@ -75,6 +75,12 @@ def build_venv(work: Path, stage: Path) -> Path:
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
          str(src)], timeout=900)
     [wheel] = dist.glob("nvhook-*.whl")
+    return wheel
+
+
+def build_venv(work: Path, stage: Path) -> Path:
+    """The venv at stage/PREFIX with this tree's wheel (and its [refresh] extra) installed."""
+    wheel = wheel_of_tree(work)
     venv = stage / PREFIX.lstrip("/")
     if not os.access(PYTHON, os.X_OK):
         fail(f"{PYTHON} is needed to build the package's venv (Debian 12's python3.11)")

@@ -1,0 +1,132 @@
+"""`make bundle`: nvhook as a self-contained tree for a node whatever its userland is, the
+tree the Kubernetes image carries and its pod copies to the node.
+
+Built for one install path, PREFIX (default /usr/local/lib/nvhook/<version>: versioned,
+so an upgrade is a new directory and a `current` link renamed over the old one):
+  PREFIX/bin/python3.11       Debian 12's CPython, its ELF interpreter set to
+                              PREFIX/lib/ld-linux-x86-64.so.2 and its DT_RPATH to PREFIX/lib,
+                              so it runs on this tree's glibc and libraries alone
+  PREFIX/lib/                 glibc and every shared library the interpreter, the standard
+                              library's extension modules and the packages' need
+  PREFIX/lib/python3.11/      the standard library, and site-packages with nvhook (and its
+                              [refresh] extra) and its dependencies
+  PREFIX/bin/nvhook-hook, nvhook-runtime   the static fronts (they run the Python beside
+                              them and that site-packages: csrc/pyexec.h)
+  PREFIX/bin/nvhook           the CLI
+Nothing of the node's /usr is used (tests/test_bundle.py runs it in a root holding only
+the tree). Bytecode is compiled here (unchecked-hash: never rewritten on the node).
+
+Usage: python packaging/build_bundle.py OUT_DIR [--prefix PREFIX]
+  -> OUT_DIR/nvhook-<version>-bundle.tar.gz, whose members are PREFIX's path without the
+     leading "/" (untar with -C / on a node, or into an image's root).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_deb import fail, run, wheel_of_tree  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = "/usr/bin/python3.11"
+STDLIB = "/usr/lib/python3.11"
+LOADER = "ld-linux-x86-64.so.2"
+# Not for a hook's node: tests, GUI, the package installers, 2to3.
+STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
+               "__pycache__", "dist-packages", "site-packages", "EXTERNALLY-MANAGED"}
+SCRIPT = """#!{prefix}/bin/python3.11 -I
+# nvhook's CLI in this bundle: its own site-packages, whatever the node has.
+import os, sys
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
+                             "lib", "python3.11", "site-packages")]
+from nvhook.cli import main
+sys.exit(main())
+"""
+
+
+def shared_libs(objects: list[Path], inside: Path) -> dict[str, str]:
+    """SONAME -> host path of every library the objects need (ldd), but those in `inside`."""
+    libs: dict[str, str] = {}
+    for obj in objects:
+        r = subprocess.run(["ldd", str(obj)], capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            parts = line.split()
+            if "=>" in parts:
+                name, path = parts[0], parts[2]
+                if path == "not":
+                    fail(f"{obj} needs {name}, which is not on this machine")
+                if not path.startswith(str(inside)):
+                    libs[name] = path
+            elif parts and parts[0].endswith(LOADER):
+                libs[LOADER] = parts[0]
+    return libs
+
+
+def build(prefix: str, stage: Path, work: Path) -> None:
+    dest = stage / prefix.lstrip("/")
+    (dest / "bin").mkdir(parents=True)
+    site = dest / "lib/python3.11/site-packages"
+    # The standard library.
+    shutil.copytree(STDLIB, dest / "lib/python3.11", symlinks=False,
+                    ignore=lambda d, names: [n for n in names if n in STDLIB_SKIP or n.endswith(".pyc")])
+    site.mkdir()
+    # nvhook, its fronts and its dependencies.
+    wheel = wheel_of_tree(work)
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-warn-script-location",
+         "--target", str(site), f"{wheel}[refresh]"], timeout=900)
+    for front in ("nvhook-hook", "nvhook-runtime"):
+        shutil.move(site / "bin" / front, dest / "bin" / front)
+    shutil.rmtree(site / "bin")
+    shutil.copy2(PYTHON, dest / "bin/python3.11")
+    for link in ("python", "python3"):
+        os.symlink("python3.11", dest / "bin" / link)
+    (dest / "bin/nvhook").write_text(SCRIPT.format(prefix=prefix))
+    os.chmod(dest / "bin/nvhook", 0o755)
+    # The libraries, then the interpreter pointed at them.
+    objects = [dest / "bin/python3.11", *dest.glob("lib/python3.11/lib-dynload/*.so"), *site.rglob("*.so")]
+    for name, path in sorted(shared_libs(objects, dest).items()):
+        shutil.copy2(path, dest / "lib" / name, follow_symlinks=True)
+    run(["patchelf", "--set-interpreter", f"{prefix}/lib/{LOADER}", "--force-rpath", "--set-rpath",
+         f"{prefix}/lib", str(dest / "bin/python3.11")])
+    run([PYTHON, "-m", "compileall", "-q", "-j", "0", "-s", str(stage), "-p", "/",
+         "--invalidation-mode", "unchecked-hash", str(dest / "lib/python3.11")], timeout=900)
+
+
+def main(argv: list[str]) -> int:
+    from libinject import __version__
+
+    ap = argparse.ArgumentParser(prog="build_bundle.py")
+    ap.add_argument("out")
+    ap.add_argument("--prefix", default=f"/usr/local/lib/nvhook/{__version__}")
+    args = ap.parse_args(argv)
+    if not args.prefix.startswith("/") or args.prefix.rstrip("/") != args.prefix or "//" in args.prefix:
+        fail(f"--prefix must be an absolute path without a trailing /: {args.prefix}")
+    for tool in ("patchelf", "ldd"):
+        if not shutil.which(tool):
+            fail(f"building the bundle needs {tool} (apt-get install patchelf libc-bin)")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    old = os.umask(0o022)
+    try:
+        with tempfile.TemporaryDirectory(prefix="nvhook-bundle.") as tmp:
+            work = Path(tmp)
+            stage = work / "root"
+            stage.mkdir(mode=0o755)
+            build(args.prefix, stage, work)
+            tarball = out / f"nvhook-{__version__}-bundle.tar.gz"
+            run(["tar", "-C", str(stage), "--owner=0", "--group=0", "--numeric-owner", "-czf", str(tarball),
+                 args.prefix.lstrip("/")], timeout=900)
+            print(tarball)
+    finally:
+        os.umask(old)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
