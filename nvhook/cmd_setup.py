@@ -203,8 +203,10 @@ def _auto_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"CRI-O's hooks.d, for CRI-O without CDI (default {HOOKS_DIR})")
     p.add_argument("--docker-config", metavar="FILE", default=docker.DAEMON_JSON,
                    help=f"dockerd's daemon.json (default {docker.DAEMON_JSON})")
-    p.add_argument("--docker-hook-dir", metavar="DIR", default=docker.HOOK_DIR,
-                   help=f"where `docker run --gpus`'s hook is linked (default {docker.HOOK_DIR})")
+    p.add_argument("--hook-dir", "--docker-hook-dir", dest="docker_hook_dir", metavar="DIR",
+                   default=docker.HOOK_DIR,
+                   help=f"where `docker run --gpus`'s hook is linked, as `setup docker --hook-dir` "
+                        f"(default {docker.HOOK_DIR}; must be on dockerd's PATH)")
     p.add_argument("--dockerd-bin", metavar="PATH", help="dockerd (default: on PATH)")
     p.add_argument("--docker-bin", metavar="PATH", help="docker, for `docker info` (default: on PATH)")
     p.add_argument("--cdi-spec", metavar="FILE", default=DEFAULT_OUTPUT,
