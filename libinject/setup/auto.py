@@ -497,7 +497,7 @@ def plan_files(decisions: list[Decision], paths: Paths, config: str | None, *, r
     files: list[tuple[Any, bytes]] = []
     if any(d.runtime_mode == "cdi" for d in decisions):
         cfg_path = _nvhook_config(config)
-        target = Target(cfg_path, store=paths.backup_dir, make_dirs=True)
+        target = Target(cfg_path, store=paths.backup_dir, make_dirs=True, fmt="toml")
         cur = target.read()
         if cur is not None and cur.kind == "link":
             raise NvhookError(f"{target.path} is a symlink: name the file it points to with --config")
@@ -578,7 +578,7 @@ def undo(paths: Paths, config: str | None, *, dry_run: bool = False) -> tuple[st
         work.append(("docker", lambda dry: docker.setup(paths.docker_config, hook_dir=paths.docker_hook_dir,
                                                         dry_run=dry, undo=True, backup_dir=paths.backup_dir)))
     for t in (_hook_target(paths), Target(paths.cdi_spec, store=paths.backup_dir, make_dirs=True),
-              Target(_nvhook_config(config), store=paths.backup_dir, make_dirs=True)):
+              Target(_nvhook_config(config), store=paths.backup_dir, make_dirs=True, fmt="toml")):
         if _has_backup(t):
             work.append(("", lambda dry, t=t: edit_file(t, None, dry_run=dry, undo=True)[1]))
     # Every file read and parsed (a dry run) before anything is put back.

@@ -130,14 +130,14 @@ def setup(config: str = CONFIG, *, set_as_default: bool = False, cdi: bool = Fal
           container_annotations: Sequence[str] = (), cdi_spec_dirs: Sequence[str] | None = None) -> str:
     """Configure (or undo) containerd for nvhook; the text to show (configure says what
     container_annotations and cdi_spec_dirs do)."""
-    main = Target(config, store=backup_dir)
+    main = Target(config, store=backup_dir, fmt="toml")
     cur = main.read()
     if cur is not None and cur.kind == "link":
         raise NvhookError(f"{main.path} is a symlink: name the file it points to with --config")
     doc = tomldoc.parse(cur.data if cur is not None else None, main.path)
     version = version_of(doc, main.path)
     drop = drop_in_path(doc, main.path)
-    drop_target = (Target(drop, os.path.dirname(os.path.dirname(drop)), store=backup_dir, make_dirs=True)
+    drop_target = (Target(drop, os.path.dirname(os.path.dirname(drop)), store=backup_dir, make_dirs=True, fmt="toml")
                    if drop else None)
     if undo:
         done = [t for t in (drop_target, main) if t is not None and t.has_backup()]

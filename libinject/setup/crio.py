@@ -47,7 +47,7 @@ def setup(config: str = DROP_IN, *, set_as_default: bool = False, dry_run: bool 
     """Write (or undo) CRI-O's drop-in; the text to show. nvhook_config: the config the
     handler's shim reads (`nvhook --config F setup crio`; configure says how)."""
     path = os.path.abspath(config)
-    target = Target(path, os.path.dirname(os.path.dirname(path)), store=backup_dir, make_dirs=True)
+    target = Target(path, os.path.dirname(os.path.dirname(path)), store=backup_dir, make_dirs=True, fmt="toml")
     shim = None if undo else venv_program("nvhook-runtime")
 
     def edit(data: bytes | None) -> bytes:
