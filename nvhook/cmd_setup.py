@@ -209,6 +209,10 @@ def _auto_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {docker.HOOK_DIR}; must be on dockerd's PATH)")
     p.add_argument("--dockerd-bin", metavar="PATH", help="dockerd (default: on PATH)")
     p.add_argument("--docker-bin", metavar="PATH", help="docker, for `docker info` (default: on PATH)")
+    p.add_argument("--restart-engines", action="store_true",
+                   help="make each engine whose config changed take it through the host's systemd "
+                        "(containerd, CRI-O: systemctl restart; dockerd: systemctl reload, SIGHUP), and "
+                        "say so; an engine whose restart failed is tried again by the next run")
     p.add_argument("--cdi-spec", metavar="FILE", default=DEFAULT_OUTPUT,
                    help=f"the CDI spec to write when an engine will apply CDI (default {DEFAULT_OUTPUT}, "
                         "the one `nvhook cdi refresh` keeps current)")
@@ -223,8 +227,19 @@ def _auto(args: argparse.Namespace) -> str:
                        docker_hook_dir=args.docker_hook_dir, dockerd_bin=args.dockerd_bin,
                        docker_bin=args.docker_bin, hooks_dir=args.hooks_dir, cdi_spec=args.cdi_spec,
                        backup_dir=args.backup_dir)
-    return auto.setup(paths, config=args.config, root=args.root, ldcache=args.ldcache, user=args.user,
-                      dry_run=args.dry_run, undo_=args.undo, as_json=args.json)
+    import os
+
+    from libinject.errors import NvhookError
+
+    restart = (auto.Restarter(lambda argv, timeout: _systemctl(argv, timeout), os.path.isdir(SYSTEMD_RUNNING))
+               if args.restart_engines else None)
+    text = auto.setup(paths, config=args.config, root=args.root, ldcache=args.ldcache, user=args.user,
+                      dry_run=args.dry_run, undo_=args.undo, as_json=args.json, restart=restart)
+    if restart is not None and restart.failed:
+        # The files are written (and said so); the engine that did not restart is the error.
+        sys.stdout.write(text)
+        raise NvhookError("; ".join(restart.failed))
+    return text
 
 
 # target -> (help, add its arguments, run it: the text to show)

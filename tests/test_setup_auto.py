@@ -308,3 +308,62 @@ def test_hook_dir_is_where_the_gpus_hook_is_linked(tmp_path, a100_host, capsys):
     assert code == 0, err
     assert (hooks / "nvidia-container-runtime-hook").is_symlink(), out
     assert not (n.top / "bin/nvidia-container-runtime-hook").exists()
+
+
+# -- --restart-engines: the engine takes the new configuration ---------------------------------
+
+@pytest.fixture
+def fake_systemd(tmp_path, monkeypatch):
+    """A systemctl that logs its argv (and fails while tmp_path/fail exists), systemd "running"."""
+    from nvhook import cmd_setup
+
+    log, fail = tmp_path / "systemctl.log", tmp_path / "fail"
+    exe = tmp_path / "systemctl"
+    exe.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ -e {fail} ] && {{ echo "Job failed" >&2; exit 1; }}\nexit 0\n')
+    exe.chmod(0o755)
+    (tmp_path / "run-systemd").mkdir()
+    monkeypatch.setattr(cmd_setup, "SYSTEMCTL", str(exe))
+    monkeypatch.setattr(cmd_setup, "SYSTEMD_RUNNING", str(tmp_path / "run-systemd"))
+
+    def calls() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+    return calls, fail
+
+
+def test_restart_engines_restarts_what_changed_once(tmp_path, a100_host, capsys, fake_systemd):
+    calls, _ = fake_systemd
+    n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI), docker=(DOCKER_24, '{"ServerVersion": "24.0.7"}'))
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, calls()) == (0, ["restart containerd.service", "reload docker.service"]), err
+    assert "restarted containerd (`systemctl restart containerd.service`): it takes its new configuration" in out
+    assert "reloaded docker (`systemctl reload docker.service`)" in out
+    # a second run changes nothing: nothing restarted (a pod's restart must not restart containerd)
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, len(calls())) == (0, 2), err
+    code, out, err = nvhook(capsys, *n.argv, "--undo", "--restart-engines")
+    assert (code, calls()[2:]) == (0, ["restart containerd.service", "reload docker.service"]), err
+
+
+def test_a_failed_restart_is_one_line_and_the_next_run_tries_again(tmp_path, a100_host, capsys, fake_systemd):
+    calls, fail = fake_systemd
+    n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI))
+    fail.touch()
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert code == 1 and err.count("\n") == 1 and err.startswith(
+        "nvhook: could not restart containerd (`systemctl restart containerd.service`): failed (exit 1): "
+        "Job failed; it still runs its old configuration"), err
+    assert "default_runtime_name" in n.containerd_config.read_text()      # the files are written
+    fail.unlink()
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")          # files unchanged now
+    assert (code, calls()) == (0, ["restart containerd.service"] * 2), err
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, len(calls())) == (0, 2), err
+
+
+def test_restart_engines_without_systemd_says_so(tmp_path, a100_host, capsys, fake_systemd, monkeypatch):
+    from nvhook import cmd_setup
+
+    monkeypatch.setattr(cmd_setup, "SYSTEMD_RUNNING", str(tmp_path / "absent"))
+    n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI))
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, fake_systemd[0]()) == (1, []) and "systemd is not running here" in err, err

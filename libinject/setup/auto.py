@@ -472,6 +472,57 @@ def _engine_call(d: Decision, paths: Paths, config: str | None, *, dry_run: bool
     return ""       # CRI-O with the hooks.d hook: its file is one of the shared ones
 
 
+# -- making the engines take the new configuration --------------------------------------------
+
+# How each engine takes a changed config through the host's systemd (--restart-engines),
+# as NVIDIA's toolkit container does it: containerd and CRI-O read theirs only at start
+# (a restart; running containers keep running: their shims are separate processes);
+# dockerd reloads runtimes and default-runtime on SIGHUP (its unit's ExecReload), which
+# spares its containers (features.cdi needs a restart: one when auto turned it on).
+RESTART = {"containerd": ("restart", "containerd.service"), "crio": ("restart", "crio.service"),
+           "docker": ("reload", "docker.service")}
+RESTART_TIMEOUT = 120.0
+
+
+def _pending(engine: str) -> str:
+    # A sealed record in the store: a restart that failed is tried again by the next run
+    # even though the files are then unchanged (the engine still runs the old config).
+    return f"restart-pending:{engine}"
+
+
+def restart_engines(engines: list[str], paths: Paths, systemctl, *, running: bool,
+                    full: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+    """Restart (or reload) `engines` and any whose earlier restart failed: (what was
+    done, one line per failure). systemctl(argv, timeout) -> "" or what went wrong;
+    full: engines to restart even where a reload would do."""
+    from libinject.setup import store
+
+    where = paths.backup_dir or store.STORE_DIR
+    todo = [e for e in ENGINES if e in engines or _has_pending(where, e)]
+    done, failed = "", []
+    for e in todo:
+        verb, unit = RESTART[e]
+        verb = "restart" if e in full else verb
+        store.write(where, store.Record(_pending(e), "none"))
+        why = systemctl([verb, unit], RESTART_TIMEOUT) if running else "systemd is not running here"
+        if why:
+            failed.append(f"could not {verb} {e} (`systemctl {verb} {unit}`): {why}; it still runs its "
+                          "old configuration (the next `nvhook setup auto --restart-engines` tries again)")
+            continue
+        store.remove(where, _pending(e))
+        done += f"{verb}ed {e} (`systemctl {verb} {unit}`): it takes its new configuration\n"
+    return done, failed
+
+
+def _has_pending(where: str, engine: str) -> bool:
+    from libinject.setup import store
+
+    try:
+        return store.read(where, _pending(engine), 0) is not None
+    except NvhookError:
+        return False
+
+
 def _hook_target(paths: Paths):
     from libinject.runtime.hooksd import FILES
     from libinject.setup.install import Target
@@ -520,9 +571,17 @@ def _put_files(files: list[tuple[Any, bytes]], *, dry_run: bool) -> str:
     return "".join(edit_file(t, lambda _data, b=b: b, dry_run=dry_run)[1] for t, b in files)
 
 
+def _restart_line(engine: str) -> str:
+    from libinject.setup import containerd, crio, docker
+
+    return {"containerd": containerd.RESTART, "crio": crio.RESTART, "docker": docker.RESTART}[engine]
+
+
 def apply(decisions: list[Decision], paths: Paths, config: str | None, *, root: str | None = None,
-          ldcache: str | None = None, user: str | None = None, dry_run: bool = False) -> str:
-    """Set the engines up as decided; the text to show (dry_run: the diffs)."""
+          ldcache: str | None = None, user: str | None = None, dry_run: bool = False,
+          changed: list[str] | None = None) -> str:
+    """Set the engines up as decided; the text to show (dry_run: the diffs). changed:
+    gets the engines whose own config changed (they must restart to see it)."""
     files = plan_files(decisions, paths, config, root=root, ldcache=ldcache, user=user)
     # Every engine's file parsed and its change computed (and every backup that would be
     # refused, refused) before anything is written.
@@ -530,8 +589,13 @@ def apply(decisions: list[Decision], paths: Paths, config: str | None, *, root: 
     put = _put_files(files, dry_run=True)
     if dry_run:
         return put + "".join(shown)
-    return _put_files(files, dry_run=False) + "".join(_engine_call(d, paths, config, dry_run=False)
-                                                      for d in decisions)
+    text = _put_files(files, dry_run=False)
+    for d in decisions:
+        t = _engine_call(d, paths, config, dry_run=False)
+        if changed is not None and _restart_line(d.engine) in t:
+            changed.append(d.engine)
+        text += t
+    return text
 
 
 def _ours_link(paths: Paths) -> bool:
@@ -589,22 +653,46 @@ def undo(paths: Paths, config: str | None, *, dry_run: bool = False) -> tuple[st
     return text or "nothing to undo: `nvhook setup auto` has changed nothing here\n", done
 
 
+class Restarter:
+    """--restart-engines: systemctl(argv, timeout) -> "" or what went wrong; running:
+    whether systemd is PID 1 here. failed collects one line per engine it could not
+    restart (the CLI prints them and exits non-zero, after the rest is done)."""
+
+    def __init__(self, systemctl, running: bool) -> None:
+        self.systemctl, self.running = systemctl, running
+        self.failed: list[str] = []
+
+    def __call__(self, engines: list[str], paths: Paths, full: frozenset[str] = frozenset()) -> str:
+        text, failed = restart_engines(engines, paths, self.systemctl, running=self.running, full=full)
+        self.failed += failed
+        return text
+
+
 def setup(paths: Paths, *, config: str | None = None, root: str | None = None,
           ldcache: str | None = None, user: str | None = None, dry_run: bool = False,
-          undo_: bool = False, as_json: bool = False, facts: list[Facts] | None = None) -> str:
+          undo_: bool = False, as_json: bool = False, facts: list[Facts] | None = None,
+          restart: Restarter | None = None) -> str:
     """Detect, decide, apply (or undo); the text to show (as_json: a JSON object with
-    "engines", one object per engine detected, and "changes", the text)."""
+    "engines", one object per engine detected, and "changes", the text). restart: make
+    the engines whose config changed take it (and any whose restart failed before)."""
     if undo_:
         text, done = undo(paths, config, dry_run=dry_run)
+        if restart is not None and not dry_run:
+            text += restart([e for e in done if e in RESTART], paths)
         if as_json:
             return json.dumps({"undo": True, "dry_run": dry_run, "engines": [], "undone": done,
                                "changes": text}, indent=2) + "\n"
         return text
     decisions = decide(gather(paths) if facts is None else facts)
+    changed: list[str] = []
     if not decisions:
         text = "no container engine found (containerd, CRI-O, Docker): nothing to set up\n"
     else:
-        changes = apply(decisions, paths, config, root=root, ldcache=ldcache, user=user, dry_run=dry_run)
+        changes = apply(decisions, paths, config, root=root, ldcache=ldcache, user=user, dry_run=dry_run,
+                        changed=changed)
+        if restart is not None and not dry_run:
+            changes += restart(changed, paths, frozenset(d.engine for d in decisions
+                                                         if d.engine == "docker" and d.enable_cdi))
     if as_json:
         return json.dumps({"undo": False, "dry_run": dry_run,
                            "engines": [d.as_json() for d in decisions],
