@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target in HOOK_TARGETS and not (args.undo or args.dry_run):
         text += _service_status(args)
     sys.stdout.write(text)
-    return 0
+    return getattr(args, "exit_code", 0)
 
 
 # The targets whose GPU containers go through the hook, which the service makes fast.
@@ -242,6 +242,30 @@ def _auto(args: argparse.Namespace) -> str:
     return text
 
 
+# -- k8s-removed: the DaemonSet pod's preStop question ---------------------------------------
+
+KEEP = 3    # k8s-removed's exit status for "the set-up stays" (1 is an error: it stays too)
+
+
+def _k8s_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--daemonset", metavar="NAMESPACE/NAME", required=True,
+                   help="nvhook's DaemonSet (the pod's own)")
+    p.add_argument("--node", metavar="NAME", required=True, help="this node (the pod's spec.nodeName)")
+    p.add_argument("--api-server", metavar="URL",
+                   help="the API server (default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+    p.add_argument("--token-file", metavar="FILE", help="bearer token (default: the pod's service-account token)")
+    p.add_argument("--ca-file", metavar="FILE", help="the API server's CA (default: the service account's ca.crt)")
+
+
+def _k8s(args: argparse.Namespace) -> str:
+    from libinject.setup import k8s
+
+    undo, why = k8s.removed(args.daemonset, args.node, server=args.api_server, token_file=args.token_file,
+                            ca_file=args.ca_file)
+    args.exit_code = 0 if undo else KEEP
+    return f"{'undo the set-up' if undo else 'keep the set-up'}: {why}\n"
+
+
 # target -> (help, add its arguments, run it: the text to show)
 TARGETS = {
     "service": ("install the systemd unit that runs `nvhook serve` (the warm hook service) "
@@ -257,4 +281,7 @@ TARGETS = {
     "auto": ("detect the engines here and their CDI support, then set each up to match "
              "(native CDI, or nvhook's runtime in cdi mode, or the hooks.d hook); not the "
              "systemd unit", _auto_arguments, _auto),
+    "k8s-removed": ("exit 0 when nvhook's DaemonSet is gone or no longer selects this node (undo "
+                    "the set-up), 3 when a new pod will follow (an update, eviction: keep it); "
+                    "asks the API server", _k8s_arguments, _k8s),
 }
