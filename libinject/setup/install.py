@@ -406,6 +406,8 @@ class Target:
             except BaseException:
                 if made:
                     store.remove(self.store_dir, self.path)
+                    if self.fmt is not None:
+                        store.remove(self.store_dir, self._changes_key)
                 raise
             return Installed(True, made if cur is not None else None)
         finally:
