@@ -149,3 +149,24 @@ def _shim() -> str:
     from libinject.setup.install import venv_program
 
     return venv_program("nvhook-runtime")
+
+
+def test_real_containerd_reads_the_undone_config(tmp_path, backup_dir, capsys):
+    """containerd 1.6's own `config dump` of the file --undo left (a private config of
+    `containerd config default`, set up by auto's containerd target, then edited by the
+    admin): nvhook's runtime and default gone, the admin's runtime there."""
+    import subprocess
+
+    from support.engines_daemons import private_containerd_config
+
+    f = tmp_path / "config.toml"
+    f.write_text(private_containerd_config(tmp_path / "state"))
+    args = ["setup", "containerd", "--config", str(f), "--set-as-default", "--backup-dir", str(backup_dir)]
+    assert nvhook(capsys, *args)[0] == 0
+    f.write_text(f.read_text() + LATER)
+    assert nvhook(capsys, *args, "--undo")[0] == 0
+    dump = tomllib.loads(subprocess.run(["/usr/bin/containerd", "--config", str(f), "config", "dump"],
+                                        capture_output=True, text=True, timeout=60, check=True).stdout)
+    cri = dump["plugins"][V2]["containerd"]
+    assert (cri["default_runtime_name"], "nvidia" in cri["runtimes"], cri["runtimes"]["kata"]["runtime_type"]) == (
+        "runc", False, "io.containerd.kata.v2")

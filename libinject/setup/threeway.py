@@ -173,7 +173,12 @@ def _drop_table(fmt: str, parent, key: str) -> None:
     from tomlkit.container import Container
     from tomlkit.items import Whitespace
 
-    container = parent if isinstance(parent, Container) else parent.value
+    container = parent if isinstance(parent, Container) else getattr(parent, "value", None)
+    if not isinstance(container, Container) or not isinstance(getattr(parent[key], "value", None), Container):
+        # a table tomlkit holds as a proxy (its parts spread over the file): no index to
+        # keep comments at; the keys are what matters
+        del parent[key]
+        return
     comments = _comments(parent[key].value)
     idx = container._map.get(key)
     del parent[key]
