@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target in HOOK_TARGETS and not (args.undo or args.dry_run):
         text += _service_status(args)
     sys.stdout.write(text)
-    return 0
+    return getattr(args, "exit_code", 0)
 
 
 # The targets whose GPU containers go through the hook, which the service makes fast.
@@ -203,10 +203,16 @@ def _auto_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"CRI-O's hooks.d, for CRI-O without CDI (default {HOOKS_DIR})")
     p.add_argument("--docker-config", metavar="FILE", default=docker.DAEMON_JSON,
                    help=f"dockerd's daemon.json (default {docker.DAEMON_JSON})")
-    p.add_argument("--docker-hook-dir", metavar="DIR", default=docker.HOOK_DIR,
-                   help=f"where `docker run --gpus`'s hook is linked (default {docker.HOOK_DIR})")
+    p.add_argument("--hook-dir", "--docker-hook-dir", dest="docker_hook_dir", metavar="DIR",
+                   default=docker.HOOK_DIR,
+                   help=f"where `docker run --gpus`'s hook is linked, as `setup docker --hook-dir` "
+                        f"(default {docker.HOOK_DIR}; must be on dockerd's PATH)")
     p.add_argument("--dockerd-bin", metavar="PATH", help="dockerd (default: on PATH)")
     p.add_argument("--docker-bin", metavar="PATH", help="docker, for `docker info` (default: on PATH)")
+    p.add_argument("--restart-engines", action="store_true",
+                   help="make each engine whose config changed take it through the host's systemd "
+                        "(containerd, CRI-O: systemctl restart; dockerd: systemctl reload, SIGHUP), and "
+                        "say so; an engine whose restart failed is tried again by the next run")
     p.add_argument("--cdi-spec", metavar="FILE", default=DEFAULT_OUTPUT,
                    help=f"the CDI spec to write when an engine will apply CDI (default {DEFAULT_OUTPUT}, "
                         "the one `nvhook cdi refresh` keeps current)")
@@ -221,8 +227,43 @@ def _auto(args: argparse.Namespace) -> str:
                        docker_hook_dir=args.docker_hook_dir, dockerd_bin=args.dockerd_bin,
                        docker_bin=args.docker_bin, hooks_dir=args.hooks_dir, cdi_spec=args.cdi_spec,
                        backup_dir=args.backup_dir)
-    return auto.setup(paths, config=args.config, root=args.root, ldcache=args.ldcache, user=args.user,
-                      dry_run=args.dry_run, undo_=args.undo, as_json=args.json)
+    import os
+
+    from libinject.errors import NvhookError
+
+    restart = (auto.Restarter(lambda argv, timeout: _systemctl(argv, timeout), os.path.isdir(SYSTEMD_RUNNING))
+               if args.restart_engines else None)
+    text = auto.setup(paths, config=args.config, root=args.root, ldcache=args.ldcache, user=args.user,
+                      dry_run=args.dry_run, undo_=args.undo, as_json=args.json, restart=restart)
+    if restart is not None and restart.failed:
+        # The files are written (and said so); the engine that did not restart is the error.
+        sys.stdout.write(text)
+        raise NvhookError("; ".join(restart.failed))
+    return text
+
+
+# -- k8s-removed: the DaemonSet pod's preStop question ---------------------------------------
+
+KEEP = 3    # k8s-removed's exit status for "the set-up stays" (1 is an error: it stays too)
+
+
+def _k8s_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--daemonset", metavar="NAMESPACE/NAME", required=True,
+                   help="nvhook's DaemonSet (the pod's own)")
+    p.add_argument("--node", metavar="NAME", required=True, help="this node (the pod's spec.nodeName)")
+    p.add_argument("--api-server", metavar="URL",
+                   help="the API server (default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+    p.add_argument("--token-file", metavar="FILE", help="bearer token (default: the pod's service-account token)")
+    p.add_argument("--ca-file", metavar="FILE", help="the API server's CA (default: the service account's ca.crt)")
+
+
+def _k8s(args: argparse.Namespace) -> str:
+    from libinject.setup import k8s
+
+    undo, why = k8s.removed(args.daemonset, args.node, server=args.api_server, token_file=args.token_file,
+                            ca_file=args.ca_file)
+    args.exit_code = 0 if undo else KEEP
+    return f"{'undo the set-up' if undo else 'keep the set-up'}: {why}\n"
 
 
 # target -> (help, add its arguments, run it: the text to show)
@@ -240,4 +281,7 @@ TARGETS = {
     "auto": ("detect the engines here and their CDI support, then set each up to match "
              "(native CDI, or nvhook's runtime in cdi mode, or the hooks.d hook); not the "
              "systemd unit", _auto_arguments, _auto),
+    "k8s-removed": ("exit 0 when nvhook's DaemonSet is gone or no longer selects this node (undo "
+                    "the set-up), 3 when a new pod will follow (an update, eviction: keep it); "
+                    "asks the API server", _k8s_arguments, _k8s),
 }

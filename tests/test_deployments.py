@@ -1,7 +1,8 @@
 """deployments/: the Kubernetes manifests validate against the API schemas (offline, with
 kubernetes-validate's bundled schemas), and the DaemonSet is what its comments say:
-privileged only where the comments give a reason, hostPID, the node selector, no API
-access, the commands it documents."""
+privileged only where the comments give a reason, hostPID, the node selector, API access
+only for serve's preStop (read-only RBAC), the commands it documents; the preStop
+script run for real (fake nvhook and nsenter) undoes only when told the DaemonSet left."""
 from __future__ import annotations
 
 import subprocess
@@ -64,7 +65,8 @@ def test_validation_catches_a_bad_field():
 
 def test_kinds_and_namespace():
     assert sorted((d["kind"], d["metadata"].get("namespace")) for d in all_docs()) == \
-        [("DaemonSet", "nvhook-system"), ("Namespace", None), ("ServiceAccount", "nvhook-system")]
+        [("ClusterRole", None), ("ClusterRoleBinding", None), ("DaemonSet", "nvhook-system"), ("Namespace", None),
+         ("Role", "nvhook-system"), ("RoleBinding", "nvhook-system"), ("ServiceAccount", "nvhook-system")]
 
 
 def test_kustomization_lists_every_manifest():
@@ -96,24 +98,38 @@ def test_node_selector():
     assert pod()["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
-def test_no_api_access():
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def test_api_token_only_in_serve():
+    # No automount anywhere; serve alone mounts a projected, short-lived token.
     sa = next(d for d in all_docs() if d["kind"] == "ServiceAccount")
     assert (sa["automountServiceAccountToken"], pod()["automountServiceAccountToken"], pod()["serviceAccountName"]) \
         == (False, False, sa["metadata"]["name"])
+    [vol] = [v for v in pod()["volumes"] if v["name"] == "api-token"]
+    assert [next(iter(src)) for src in vol["projected"]["sources"]] == ["serviceAccountToken", "configMap"]
+    assert {n for n, c in containers().items() for m in c.get("volumeMounts", []) if m["name"] == "api-token"} == {"serve"}
 
 
-def test_no_rbac():
-    assert not {d["kind"] for d in all_docs()} & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+def test_rbac_reads_only_its_daemonset_and_nodes():
+    rules = {d["kind"]: d["rules"] for d in all_docs() if d["kind"] in ("Role", "ClusterRole")}
+    assert rules == {"Role": [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                               "resourceNames": [daemonset()["metadata"]["name"]], "verbs": ["get"]}],
+                     "ClusterRole": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}
+    sa = next(d for d in all_docs() if d["kind"] == "ServiceAccount")["metadata"]
+    for b in (d for d in all_docs() if d["kind"].endswith("Binding")):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+        assert b["roleRef"]["kind"] == b["kind"].replace("Binding", "")
 
 
 def test_only_hostpath_is_the_install_dir():
-    vols = pod()["volumes"]
+    vols = [v for v in pod()["volumes"] if "hostPath" in v]
     assert [(v["name"], v["hostPath"]["path"]) for v in vols] == [("install-dir", "/usr/local/lib/nvhook")]
 
 
 def test_only_install_mounts_the_host_dir():
     assert {n: [m["mountPath"] for m in c.get("volumeMounts", [])] for n, c in containers().items()} == \
-        {"install": ["/host/usr/local/lib/nvhook"], "setup": [], "cdi-refresh": [], "serve": []}
+        {"install": ["/host/usr/local/lib/nvhook"], "setup": [], "cdi-refresh": [], "serve": [SA_DIR]}
 
 
 def test_init_order_install_then_setup():
@@ -121,7 +137,7 @@ def test_init_order_install_then_setup():
 
 
 @pytest.mark.parametrize("name,argv", [
-    ("setup", [*NSENTER, "--", NVHOOK, "setup", "auto"]),
+    ("setup", [*NSENTER, "--", NVHOOK, "setup", "auto", "--restart-engines"]),
     ("cdi-refresh", [*NSENTER, "--cgroup", "--", NVHOOK, "cdi", "refresh", "--watch"]),
     ("serve", [*NSENTER, "--cgroup", "--", NVHOOK + "-hook", "serve"]),
 ])
@@ -129,15 +145,58 @@ def test_commands_run_in_the_hosts_mount_namespace(name, argv):
     assert containers()[name]["command"] == argv
 
 
-def test_prestop_undoes_the_setup():
-    assert containers()["serve"]["lifecycle"]["preStop"]["exec"]["command"] == \
-        [*NSENTER, "--", NVHOOK, "setup", "auto", "--undo"]
+def _prestop(tmp_path: Path, answer: int) -> tuple[int, list[str]]:
+    """serve's preStop script, run for real with the image's nvhook a fake answering
+    k8s-removed with `answer`, and nsenter a fake on PATH: (its exit status, the
+    commands the fakes saw)."""
+    c = containers()["serve"]
+    argv = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert argv[:2] == ["/bin/sh", "-c"]
+    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    image = tmp_path / "image"
+    script = argv[2].replace("/usr/local/lib/nvhook/$NVHOOK_VERSION", f"{image}/$NVHOOK_VERSION")
+    log = tmp_path / "log"
+    bindir = tmp_path / "bin"
+    for d in (bindir, image / env["NVHOOK_VERSION"] / "bin"):
+        d.mkdir(parents=True)
+    fake = f'#!/bin/sh\necho "$(basename $0) $*" >> {log}\n'
+    (image / env["NVHOOK_VERSION"] / "bin/nvhook").write_text(fake + f"exit {answer}\n")
+    (bindir / "nsenter").write_text(fake + "exit 0\n")
+    for f in ((image / env["NVHOOK_VERSION"] / "bin/nvhook"), bindir / "nsenter"):
+        f.chmod(0o755)
+    r = subprocess.run(["/bin/sh", "-c", script], env={"PATH": f"{bindir}:/usr/bin:/bin", "NVHOOK_VERSION": env["NVHOOK_VERSION"],
+                                                       "NODE_NAME": "gpu-1", "POD_NAMESPACE": "nvhook-system"},
+                       capture_output=True, text=True, timeout=60)
+    return r.returncode, log.read_text().splitlines() if log.exists() else []
+
+
+ASK = "nvhook setup k8s-removed --daemonset nvhook-system/nvhook --node gpu-1"
+UNDO = f"nsenter --target=1 --mount -- {NVHOOK} setup auto --undo --restart-engines"
+
+
+def test_prestop_undoes_when_the_daemonset_left_the_node(tmp_path):
+    assert _prestop(tmp_path, 0) == (0, [ASK, UNDO])
+
+
+@pytest.mark.parametrize("answer", [3, 1], ids=["a new pod follows", "no answer"])
+def test_prestop_keeps_the_setup_on_update_or_no_answer(tmp_path, answer):
+    assert _prestop(tmp_path, answer) == (0, [ASK])
+
+
+def test_prestop_asks_about_this_daemonset_on_this_node():
+    c = containers()["serve"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    assert (env["NODE_NAME"], env["POD_NAMESPACE"]) == ("spec.nodeName", "metadata.namespace")
+    script = c["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert f'"$POD_NAMESPACE/{daemonset()["metadata"]["name"]}"' in script
 
 
 def test_install_version_matches_the_env():
     c = containers()["install"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert all(x["image"].endswith(":" + env["NVHOOK_VERSION"]) for x in containers().values())
+    # serve's preStop runs the image's own copy, at that version
+    assert {e["name"]: e.get("value") for e in containers()["serve"]["env"]}["NVHOOK_VERSION"] == env["NVHOOK_VERSION"]
 
 
 def test_install_script_runs(tmp_path):

@@ -62,11 +62,31 @@ TABLE = {
 def test_decision_table(case):
     facts, method, enable, reason = TABLE[case]
     [d] = decide([facts])
+    # containerd < 1.7 alone on the node: nothing applies CDI annotations, so the shim
+    # reads the device plugin's default prefix too, and containerd must pass both on.
+    prefixes = (["cdi.k8s.io/", "nvidia.cdi.k8s.io/"] if (method, facts.engine) == (RUNTIME, "containerd")
+                else ["nvidia.cdi.k8s.io/"] if method == RUNTIME else [])
     assert (d.method, d.enable_cdi, d.native_cdi, d.set_as_default, d.runtime_mode,
-            d.annotation_prefixes) == (
+            d.annotation_prefixes, d.container_annotations) == (
         method, enable, method == NATIVE, method == RUNTIME, None if method == HOOK else "cdi",
-        ["nvidia.cdi.k8s.io/"] if method == RUNTIME else [])
+        prefixes, [p + "*" for p in prefixes] if facts.engine == "containerd" else [])
     assert any(reason in r for r in d.reasons), d.reasons
+
+
+def test_containerd_16_beside_an_engine_applying_cdi_annotations_reads_only_the_operators_prefix():
+    # CRI-O applies cdi.k8s.io/ itself; nvhook's config is the node's: its nvidia handler
+    # must not apply those devices a second time.
+    ctrd, crio = decide([TABLE["containerd 1.6"][0], TABLE["crio with cdi"][0]])
+    assert (ctrd.annotation_prefixes, ctrd.container_annotations) == (
+        ["nvidia.cdi.k8s.io/"], ["nvidia.cdi.k8s.io/*"])
+    assert any("crio here applies cdi.k8s.io/ annotations itself" in r for r in ctrd.reasons), ctrd.reasons
+
+
+def test_native_engines_report_their_spec_dirs():
+    ctrd, crio = decide([TABLE["containerd 1.7 cdi on"][0], TABLE["crio with cdi"][0]])
+    assert (ctrd.spec_dirs, crio.spec_dirs) == (["/etc/cdi"], ["/etc/cdi"])
+    [d] = decide([TABLE["containerd 1.7 cdi off"][0]])
+    assert d.spec_dirs == ["/etc/cdi", "/var/run/cdi"]
 
 
 def test_no_engine_present_decides_nothing():
@@ -185,6 +205,9 @@ def test_apply_writes_what_each_decision_says(tmp_path, a100_host, capsys):
     rt = tomllib.loads((n.top / "nvhook/config.toml").read_text())["nvidia-container-runtime"]
     assert (rt["mode"], rt["modes"]["cdi"]["annotation-prefixes"]) == ("cdi", ["nvidia.cdi.k8s.io/"])
     assert (n.top / "cdi/nvidia.yaml").read_text().startswith("cdiVersion:")
+    # the spec is not in /etc/cdi or /var/run/cdi: containerd (native CDI) and the shim look where it is
+    assert (cri["cdi_spec_dirs"], rt["modes"]["cdi"]["spec-dirs"]) == (
+        ["/etc/cdi", "/var/run/cdi", str(n.top / "cdi")], ["/etc/cdi", "/var/run/cdi", str(n.top / "cdi")])
     assert not (n.top / "crio/crio.conf.d/99-nvhook.toml").exists()
 
 
@@ -213,8 +236,10 @@ CONTAINERD = "/usr/bin/containerd"
 def test_real_containerd_16_is_set_up_as_default_runtime_in_cdi_mode_and_undone(tmp_path, a100_host, capsys):
     """Facts from the real binary (`containerd --version`, `containerd --config PRIVATE
     config dump` of `containerd config default` with private paths): no enable_cdi, so
-    nvhook's runtime in cdi mode as the default runtime with the nvidia.cdi.k8s.io/
-    prefix; containerd's own dump of the result has it; --undo is byte-identical."""
+    nvhook's runtime in cdi mode as the default runtime with the cdi.k8s.io/ and
+    nvidia.cdi.k8s.io/ prefixes, which its container_annotations let through; the spec
+    (under tmp_path, not /etc/cdi) among the shim's spec-dirs; containerd's own dump of
+    the result has it; --undo is byte-identical."""
     from libinject.setup import auto
     from support.engines_daemons import private_containerd_config
 
@@ -226,7 +251,7 @@ def test_real_containerd_16_is_set_up_as_default_runtime_in_cdi_mode_and_undone(
     assert [(f.engine, bool(f.binary)) for f in facts] == [("containerd", True), ("crio", False), ("docker", False)]
     [d] = auto.decide(facts)
     assert (d.version.startswith("1.6."), d.native_cdi, d.runtime_mode, d.set_as_default, d.annotation_prefixes) == (
-        True, False, "cdi", True, ["nvidia.cdi.k8s.io/"])
+        True, False, "cdi", True, ["cdi.k8s.io/", "nvidia.cdi.k8s.io/"])
     was = n.snapshot()
     code, out, err = nvhook(capsys, *n.argv)
     assert code == 0, err
@@ -234,9 +259,12 @@ def test_real_containerd_16_is_set_up_as_default_runtime_in_cdi_mode_and_undone(
 
     dump = tomllib.loads(subprocess.run([CONTAINERD, "--config", str(n.containerd_config), "config", "dump"],
                                         capture_output=True, text=True, timeout=60, check=True).stdout)
-    assert dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "nvidia"
+    ctrd = dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert (ctrd["default_runtime_name"], ctrd["runtimes"]["nvidia"]["container_annotations"]) == (
+        "nvidia", ["cdi.k8s.io/*", "nvidia.cdi.k8s.io/*"])
     rt = tomllib.loads((n.top / "nvhook/config.toml").read_text())["nvidia-container-runtime"]
-    assert (rt["mode"], rt["modes"]["cdi"]["annotation-prefixes"]) == ("cdi", ["nvidia.cdi.k8s.io/"])
+    assert (rt["mode"], rt["modes"]["cdi"]["annotation-prefixes"], rt["modes"]["cdi"]["spec-dirs"]) == (
+        "cdi", ["cdi.k8s.io/", "nvidia.cdi.k8s.io/"], ["/etc/cdi", "/var/run/cdi", str(n.top / "cdi")])
     code, out, err = nvhook(capsys, *n.argv, "--undo")
     assert (code, n.snapshot()) == (0, was), out + err
 
@@ -249,6 +277,93 @@ def test_crio_with_cdi_gets_the_nvidia_handler_and_keeps_its_default(tmp_path, a
     assert ("default_runtime" in rt, "nvidia" in rt["runtimes"], (n.top / "hooks.d/oci-nvhook.json").exists()) == (
         False, True, False)
     cfg = tomllib.loads((n.top / "nvhook/config.toml").read_text())["nvidia-container-runtime"]
-    assert cfg == {"mode": "cdi"}
+    spec_dirs = ["/etc/cdi", "/var/run/cdi", str(n.top / "cdi")]
+    assert cfg == {"mode": "cdi", "modes": {"cdi": {"spec-dirs": spec_dirs}}}
+    # CRI-O applies the spec itself: its cdi_spec_dirs (a drop-in's replace crio.conf's) include it
+    assert rt["cdi_spec_dirs"] == ["/etc/cdi"] + [str(n.top / "cdi")]
     # the handler's shim reads that config: CRI-O passes it no environment but monitor_env
     assert rt["runtimes"]["nvidia"]["monitor_env"][1] == f"NVHOOK_CONFIG={n.top / 'nvhook/config.toml'}"
+
+
+def test_a_spec_in_a_default_dir_adds_no_spec_dirs():
+    # The default /var/run/cdi/nvidia.yaml: every reader looks there already; nothing written.
+    from libinject.setup.auto import Paths, _wanted_dirs, config_edit
+
+    text = config_edit(None, "/x/config.toml", [], "/var/run/cdi").decode()
+    assert "spec-dirs" not in text and 'mode = "cdi"' in text
+    [d] = decide([TABLE["containerd 1.7 cdi off"][0]])
+    assert _wanted_dirs(d, Paths(cdi_spec="/var/run/cdi/nvidia.yaml")) is None
+    assert _wanted_dirs(d, Paths(cdi_spec="/opt/cdi/nvidia.yaml")) == ["/etc/cdi", "/var/run/cdi", "/opt/cdi"]
+
+
+def test_hook_dir_is_where_the_gpus_hook_is_linked(tmp_path, a100_host, capsys):
+    # `setup auto --hook-dir` as `setup docker --hook-dir` (--docker-hook-dir still works)
+    n = Node(tmp_path, a100_host, docker=(DOCKER_24, '{"ServerVersion": "24.0.7"}'))
+    argv = list(n.argv)
+    i = argv.index("--docker-hook-dir")
+    hooks = tmp_path / "hookbin"
+    hooks.mkdir()
+    argv[i:i + 2] = ["--hook-dir", str(hooks)]
+    code, out, err = nvhook(capsys, *argv)
+    assert code == 0, err
+    assert (hooks / "nvidia-container-runtime-hook").is_symlink(), out
+    assert not (n.top / "bin/nvidia-container-runtime-hook").exists()
+
+
+# -- --restart-engines: the engine takes the new configuration ---------------------------------
+
+@pytest.fixture
+def fake_systemd(tmp_path, monkeypatch):
+    """A systemctl that logs its argv (and fails while tmp_path/fail exists), systemd "running"."""
+    from nvhook import cmd_setup
+
+    log, fail = tmp_path / "systemctl.log", tmp_path / "fail"
+    exe = tmp_path / "systemctl"
+    exe.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ -e {fail} ] && {{ echo "Job failed" >&2; exit 1; }}\nexit 0\n')
+    exe.chmod(0o755)
+    (tmp_path / "run-systemd").mkdir()
+    monkeypatch.setattr(cmd_setup, "SYSTEMCTL", str(exe))
+    monkeypatch.setattr(cmd_setup, "SYSTEMD_RUNNING", str(tmp_path / "run-systemd"))
+
+    def calls() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+    return calls, fail
+
+
+def test_restart_engines_restarts_what_changed_once(tmp_path, a100_host, capsys, fake_systemd):
+    calls, _ = fake_systemd
+    n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI), docker=(DOCKER_24, '{"ServerVersion": "24.0.7"}'))
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, calls()) == (0, ["restart containerd.service", "reload docker.service"]), err
+    assert "restarted containerd (`systemctl restart containerd.service`): it takes its new configuration" in out
+    assert "reloaded docker (`systemctl reload docker.service`)" in out
+    # a second run changes nothing: nothing restarted (a pod's restart must not restart containerd)
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, len(calls())) == (0, 2), err
+    code, out, err = nvhook(capsys, *n.argv, "--undo", "--restart-engines")
+    assert (code, calls()[2:]) == (0, ["restart containerd.service", "reload docker.service"]), err
+
+
+def test_a_failed_restart_is_one_line_and_the_next_run_tries_again(tmp_path, a100_host, capsys, fake_systemd):
+    calls, fail = fake_systemd
+    n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI))
+    fail.touch()
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert code == 1 and err.count("\n") == 1 and err.startswith(
+        "nvhook: could not restart containerd (`systemctl restart containerd.service`): failed (exit 1): "
+        "Job failed; it still runs its old configuration"), err
+    assert "default_runtime_name" in n.containerd_config.read_text()      # the files are written
+    fail.unlink()
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")          # files unchanged now
+    assert (code, calls()) == (0, ["restart containerd.service"] * 2), err
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, len(calls())) == (0, 2), err
+
+
+def test_restart_engines_without_systemd_says_so(tmp_path, a100_host, capsys, fake_systemd, monkeypatch):
+    from nvhook import cmd_setup
+
+    monkeypatch.setattr(cmd_setup, "SYSTEMD_RUNNING", str(tmp_path / "absent"))
+    n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI))
+    code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
+    assert (code, fake_systemd[0]()) == (1, []) and "systemd is not running here" in err, err

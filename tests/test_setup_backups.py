@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from libinject.constants import SAFE_PATH
+from libinject.setup import store
 from support.cli import nvhook_in_process as nvhook, tree_state
 
 NOBODY = 65534
@@ -162,10 +163,12 @@ def test_round_trip_keeps_nothing_beside_the_file_and_drops_the_record(tmp_path,
     code, out, err = nvhook(capsys, *args)
     assert code == 0, err
     assert sorted(p.name for p in f.parent.iterdir()) == ["daemon.json"]
-    [rec] = list(backup_dir.iterdir())
+    # two records: what was there, and the settings nvhook set (for a three-way --undo)
+    rec, changes = sorted(backup_dir.iterdir(), key=lambda p: p.name != store.name_for(str(f)))
     assert f"(the one there before: {rec})" in out
     key = backup_dir.parent / "setup.key"
-    assert [oct(p.stat().st_mode & 0o7777) for p in (backup_dir, rec, key)] == ["0o700", "0o600", "0o600"]
+    assert [oct(p.stat().st_mode & 0o7777) for p in (backup_dir, rec, changes, key)] == [
+        "0o700", "0o600", "0o600", "0o600"]
     code, out, err = nvhook(capsys, *args, "--undo")
     assert (code, tree_state(f.parent), list(backup_dir.iterdir())) == (0, was, []), err
 

@@ -9,7 +9,10 @@ then set each up the way that support calls for (the GPU Operator's native-CDI c
 - an engine without CDI that runs OCI runtimes (containerd < 1.7, Docker < 25):
   nvhook's shim in cdi mode as the engine's default runtime, reading the devices from
   `nvidia.cdi.k8s.io/` annotations (the device plugin's cdi-annotations strategy),
-  which no engine acts on itself;
+  which no engine acts on itself, and for containerd < 1.7 alone on the node from
+  `cdi.k8s.io/` ones too (the plugin's default prefix; nothing else applies them there).
+  containerd hands a container's annotations to the runtime only when the runtime's
+  `container_annotations` match them: auto lists the prefixes there (`PREFIX*`);
 - CRI-O without CDI: the hooks.d hook (`nvhook hooks install`'s "always" file).
 
 Support is read from what the engine says of itself, not from its version alone (forks
@@ -25,7 +28,9 @@ docker), nvhook's config.toml ([nvidia-container-runtime] mode = "cdi", and
 modes.cdi.annotation-prefixes when the decision says so) and the CDI spec (by default
 /var/run/cdi/nvidia.yaml, the file `nvhook cdi refresh` keeps current: one spec, never
 a stale copy in /etc/cdi beside it), each with the shared backup / --undo / --dry-run
-mechanics. Every file's new text is computed
+mechanics. A spec outside the engines' spec dirs (--cdi-spec elsewhere) is added to
+each reader's list: the shim's modes.cdi.spec-dirs, containerd's and CRI-O's
+cdi_spec_dirs (native CDI). Every file's new text is computed
 (and every file parsed) before the first is written, so an error changes nothing.
 It never installs the systemd unit of `nvhook serve` (`nvhook setup service` does).
 """
@@ -50,7 +55,9 @@ GATHER_TIMEOUT = 20.0
 MAX_OUTPUT = 1 << 20
 
 ENGINES = ("containerd", "crio", "docker")
-ANNOTATION_PREFIX = "nvidia.cdi.k8s.io/"
+ANNOTATION_PREFIX = "nvidia.cdi.k8s.io/"   # the GPU Operator's device-plugin prefix
+CDI_PREFIX = "cdi.k8s.io/"                 # the device plugin's default one
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 HEADER = ("written by `nvhook setup auto`; `nvhook setup auto --undo` removes it",)
 CRI_PLUGINS = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -81,12 +88,16 @@ class Decision:
     (nvhook's shim in cdi mode as its default runtime) or HOOK (the hooks.d hook);
     enable_cdi: turn the engine's CDI on (it has it, off)."""
 
-    __slots__ = ("engine", "version", "method", "enable_cdi", "reasons")
+    __slots__ = ("engine", "version", "method", "enable_cdi", "reasons", "prefixes", "spec_dirs")
 
     def __init__(self, engine: str, version: str, method: str, reasons: list[str],
-                 enable_cdi: bool = False) -> None:
+                 enable_cdi: bool = False, spec_dirs: list[str] | None = None) -> None:
         self.engine, self.version, self.method = engine, version, method
         self.enable_cdi, self.reasons = enable_cdi, reasons
+        # decide() may widen it (containerd < 1.7 alone: the device plugin's default too)
+        self.prefixes = [ANNOTATION_PREFIX] if method == RUNTIME else []
+        # the engine's own CDI spec dirs (native CDI: where it looks for the spec)
+        self.spec_dirs = spec_dirs
 
     @property
     def native_cdi(self) -> bool:
@@ -105,12 +116,21 @@ class Decision:
     def annotation_prefixes(self) -> list[str]:
         """The annotation prefixes nvhook's runtime must read for this engine ([]: none
         of its own; the config's stay)."""
-        return [ANNOTATION_PREFIX] if self.method == RUNTIME else []
+        return list(self.prefixes)
+
+    @property
+    def container_annotations(self) -> list[str]:
+        """containerd < 1.7 hands a container's annotations to the runtime only when its
+        runtime's container_annotations match them: the prefixes the shim reads.
+        (Not pod_annotations: a pod's annotations are its author's to choose, the
+        container's come from the kubelet and the device plugin.)"""
+        return [p + "*" for p in self.prefixes] if self.engine == "containerd" and self.method == RUNTIME else []
 
     def as_json(self) -> dict[str, Any]:
         return {"engine": self.engine, "version": self.version, "native_cdi": self.native_cdi,
                 "runtime_mode": self.runtime_mode, "set_as_default": self.set_as_default,
-                "annotation_prefixes": self.annotation_prefixes, "method": self.method,
+                "annotation_prefixes": self.annotation_prefixes,
+                "container_annotations": self.container_annotations, "method": self.method,
                 "enable_cdi": self.enable_cdi, "reasons": list(self.reasons)}
 
     def summary(self) -> str:
@@ -121,7 +141,7 @@ class Decision:
                 what += "; turning the engine's CDI on"
         elif self.method == RUNTIME:
             what = (f"no native CDI: nvhook's runtime in cdi mode as the default runtime, "
-                    f"annotation prefix {ANNOTATION_PREFIX}")
+                    f"annotation prefix{'es' if len(self.prefixes) > 1 else ''} {', '.join(self.prefixes)}")
         else:
             what = "no native CDI: the hooks.d hook"
         return f"{self.engine} {self.version or '(version unknown)'}: {what}"
@@ -187,7 +207,8 @@ def _containerd(f: Facts) -> Decision:
                 reasons.append(_otherwise(version, since, "the config"))
             reasons.append("CDI is on: containerd applies the CDI spec itself" if on else
                            "CDI is off: turning it on (enable_cdi = true)")
-            return Decision("containerd", version, NATIVE, reasons, enable_cdi=not on)
+            return Decision("containerd", version, NATIVE, reasons, enable_cdi=not on,
+                            spec_dirs=_dirs(section.get("cdi_spec_dirs")))
         reasons.append(f"{where} has no enable_cdi: no CDI in this containerd (it came in 1.7)")
         if since is not False:
             reasons.append(_otherwise(version, since, "the config"))
@@ -199,7 +220,7 @@ def _containerd(f: Facts) -> Decision:
         reasons.append("its effective config has no CRI plugin section")
     if since:
         reasons.append(f"decided by its version {version}: CDI since 1.7; turning it on (enable_cdi = true)")
-        return Decision("containerd", version, NATIVE, reasons, enable_cdi=True)
+        return Decision("containerd", version, NATIVE, reasons, enable_cdi=True, spec_dirs=list(DEFAULT_SPEC_DIRS))
     reasons.append(f"decided by its version {version}: no CDI before 1.7" if since is False else
                    f"cannot read its version {version!r}: taken as without CDI")
     return Decision("containerd", version, RUNTIME, reasons)
@@ -226,7 +247,10 @@ def _crio(f: Facts) -> Decision:
         reasons.append(f"decided by its version {version}: " + ("CDI since 1.23" if has else "no CDI before 1.23")
                        if since is not None else f"cannot read its version {version!r}: taken as without CDI")
     if has:
-        return Decision("crio", version, NATIVE, reasons)
+        crio = _toml(f.config_text) if f.config_text is not None else None
+        runtime = ((crio or {}).get("crio") or {}).get("runtime") if isinstance(crio, dict) else None
+        return Decision("crio", version, NATIVE, reasons,
+                        spec_dirs=_dirs(runtime.get("cdi_spec_dirs") if isinstance(runtime, dict) else None))
     reasons.append("CRI-O runs OCI hooks from hooks.d: nvhook's hook goes there")
     return Decision("crio", version, HOOK, reasons)
 
@@ -266,10 +290,33 @@ def _docker(f: Facts) -> Decision:
     return Decision("docker", version, NATIVE, reasons, enable_cdi=not on)
 
 
+def _dirs(value: Any) -> list[str]:
+    """An engine's cdi_spec_dirs as its config gives them (absent: the CDI default)."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return list(DEFAULT_SPEC_DIRS)
+
+
 def decide(facts: list[Facts]) -> list[Decision]:
     """One Decision per engine whose binary is there, in the order of facts."""
     rules = {"containerd": _containerd, "crio": _crio, "docker": _docker}
-    return [rules[f.engine](f) for f in facts if f.binary]
+    out = [rules[f.engine](f) for f in facts if f.binary]
+    # containerd < 1.7 applies no CDI annotation itself, so nvhook's runtime (its default)
+    # reads the device plugin's default prefix as well as the GPU Operator's. Not when an
+    # engine here applies cdi.k8s.io/ itself (CRI-O, containerd >= 1.7): nvhook's config is
+    # one for the node, and that engine's nvidia handler would apply those devices twice.
+    native = [d.engine for d in out if d.method == NATIVE and d.engine in ("containerd", "crio")]
+    for d in out:
+        if d.engine == "containerd" and d.method == RUNTIME:
+            if native:
+                d.reasons.append(f"{', '.join(native)} here applies {CDI_PREFIX} annotations itself: "
+                                 f"nvhook's runtime reads {ANNOTATION_PREFIX} only")
+            else:
+                d.prefixes = [CDI_PREFIX, ANNOTATION_PREFIX]
+                d.reasons.append(f"nothing here applies CDI annotations: nvhook's runtime reads {CDI_PREFIX} "
+                                 f"(the device plugin's default) and {ANNOTATION_PREFIX} (the GPU Operator's), "
+                                 "and containerd passes them on (container_annotations)")
+    return out
 
 
 # -- gathering: the engines' binaries, with deadlines -------------------------------------------
@@ -370,9 +417,10 @@ def gather(paths: Paths) -> list[Facts]:
 
 # -- applying ---------------------------------------------------------------------------------
 
-def config_edit(data: bytes | None, path: str, prefixes: list[str]) -> bytes:
+def config_edit(data: bytes | None, path: str, prefixes: list[str], spec_dir: str | None = None) -> bytes:
     """nvhook's config.toml with [nvidia-container-runtime] mode = "cdi" (and
-    modes.cdi.annotation-prefixes = prefixes, unless empty)."""
+    modes.cdi.annotation-prefixes = prefixes, unless empty; and spec_dir added to
+    modes.cdi.spec-dirs when they do not have it: the shim finds the spec auto wrote)."""
     from libinject.setup import tomldoc
 
     doc = tomldoc.parse(data, path)
@@ -382,7 +430,27 @@ def config_edit(data: bytes | None, path: str, prefixes: list[str]) -> bytes:
     if prefixes:
         t = tomldoc.table(doc, ["nvidia-container-runtime", "modes", "cdi"], path)
         tomldoc.put(t, "annotation-prefixes", list(prefixes))
+    if spec_dir:
+        cur = tomldoc._plain(doc).get("nvidia-container-runtime", {}).get("modes", {}).get("cdi", {})
+        dirs = _dirs(cur.get("spec-dirs") if isinstance(cur, dict) else None)
+        if spec_dir not in dirs:
+            t = tomldoc.table(doc, ["nvidia-container-runtime", "modes", "cdi"], path)
+            tomldoc.put(t, "spec-dirs", dirs + [spec_dir])
     return tomldoc.dumps(doc)
+
+
+def spec_dir(paths: Paths) -> str:
+    """The directory of the CDI spec auto writes: every reader of it must look there."""
+    return os.path.dirname(os.path.abspath(paths.cdi_spec))
+
+
+def _wanted_dirs(d: Decision, paths: Paths) -> list[str] | None:
+    """The engine's cdi_spec_dirs with the spec's directory added (None: it has it, or
+    the engine does not apply CDI itself)."""
+    if d.method != NATIVE or d.spec_dirs is None or d.engine not in ("containerd", "crio"):
+        return None
+    where = spec_dir(paths)
+    return None if where in d.spec_dirs else [*d.spec_dirs, where]
 
 
 def _engine_call(d: Decision, paths: Paths, config: str | None, *, dry_run: bool) -> str:
@@ -390,16 +458,69 @@ def _engine_call(d: Decision, paths: Paths, config: str | None, *, dry_run: bool
 
     if d.engine == "containerd":
         return containerd.setup(paths.containerd_config, set_as_default=d.set_as_default,
-                                cdi=d.enable_cdi, dry_run=dry_run, backup_dir=paths.backup_dir)
+                                cdi=d.enable_cdi, dry_run=dry_run, backup_dir=paths.backup_dir,
+                                container_annotations=d.container_annotations,
+                                cdi_spec_dirs=_wanted_dirs(d, paths))
     if d.engine == "docker":
         return docker.setup(paths.docker_config, hook_dir=paths.docker_hook_dir,
                             set_as_default=d.set_as_default, cdi=d.enable_cdi, dry_run=dry_run,
                             backup_dir=paths.backup_dir)
     if d.method == NATIVE:
         return crio.setup(paths.crio_drop_in, set_as_default=False, dry_run=dry_run,
-                          backup_dir=paths.backup_dir,
+                          backup_dir=paths.backup_dir, cdi_spec_dirs=_wanted_dirs(d, paths),
                           nvhook_config=_nvhook_config(config) if d.runtime_mode == "cdi" else config)
     return ""       # CRI-O with the hooks.d hook: its file is one of the shared ones
+
+
+# -- making the engines take the new configuration --------------------------------------------
+
+# How each engine takes a changed config through the host's systemd (--restart-engines),
+# as NVIDIA's toolkit container does it: containerd and CRI-O read theirs only at start
+# (a restart; running containers keep running: their shims are separate processes);
+# dockerd reloads runtimes and default-runtime on SIGHUP (its unit's ExecReload), which
+# spares its containers (features.cdi needs a restart: one when auto turned it on).
+RESTART = {"containerd": ("restart", "containerd.service"), "crio": ("restart", "crio.service"),
+           "docker": ("reload", "docker.service")}
+RESTART_TIMEOUT = 120.0
+
+
+def _pending(engine: str) -> str:
+    # A sealed record in the store: a restart that failed is tried again by the next run
+    # even though the files are then unchanged (the engine still runs the old config).
+    return f"restart-pending:{engine}"
+
+
+def restart_engines(engines: list[str], paths: Paths, systemctl, *, running: bool,
+                    full: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+    """Restart (or reload) `engines` and any whose earlier restart failed: (what was
+    done, one line per failure). systemctl(argv, timeout) -> "" or what went wrong;
+    full: engines to restart even where a reload would do."""
+    from libinject.setup import store
+
+    where = paths.backup_dir or store.STORE_DIR
+    todo = [e for e in ENGINES if e in engines or _has_pending(where, e)]
+    done, failed = "", []
+    for e in todo:
+        verb, unit = RESTART[e]
+        verb = "restart" if e in full else verb
+        store.write(where, store.Record(_pending(e), "none"))
+        why = systemctl([verb, unit], RESTART_TIMEOUT) if running else "systemd is not running here"
+        if why:
+            failed.append(f"could not {verb} {e} (`systemctl {verb} {unit}`): {why}; it still runs its "
+                          "old configuration (the next `nvhook setup auto --restart-engines` tries again)")
+            continue
+        store.remove(where, _pending(e))
+        done += f"{verb}ed {e} (`systemctl {verb} {unit}`): it takes its new configuration\n"
+    return done, failed
+
+
+def _has_pending(where: str, engine: str) -> bool:
+    from libinject.setup import store
+
+    try:
+        return store.read(where, _pending(engine), 0) is not None
+    except NvhookError:
+        return False
 
 
 def _hook_target(paths: Paths):
@@ -427,12 +548,12 @@ def plan_files(decisions: list[Decision], paths: Paths, config: str | None, *, r
     files: list[tuple[Any, bytes]] = []
     if any(d.runtime_mode == "cdi" for d in decisions):
         cfg_path = _nvhook_config(config)
-        target = Target(cfg_path, store=paths.backup_dir, make_dirs=True)
+        target = Target(cfg_path, store=paths.backup_dir, make_dirs=True, fmt="toml")
         cur = target.read()
         if cur is not None and cur.kind == "link":
             raise NvhookError(f"{target.path} is a symlink: name the file it points to with --config")
         prefixes = sorted({p for d in decisions for p in d.annotation_prefixes})
-        wanted = config_edit(cur.data if cur is not None else None, target.path, prefixes)
+        wanted = config_edit(cur.data if cur is not None else None, target.path, prefixes, spec_dir(paths))
         loaded = _config.parse(wanted, target.path)         # what the shim will read: valid
         files.append((target, wanted))
         spec = Target(paths.cdi_spec, store=paths.backup_dir, make_dirs=True)
@@ -450,9 +571,17 @@ def _put_files(files: list[tuple[Any, bytes]], *, dry_run: bool) -> str:
     return "".join(edit_file(t, lambda _data, b=b: b, dry_run=dry_run)[1] for t, b in files)
 
 
+def _restart_line(engine: str) -> str:
+    from libinject.setup import containerd, crio, docker
+
+    return {"containerd": containerd.RESTART, "crio": crio.RESTART, "docker": docker.RESTART}[engine]
+
+
 def apply(decisions: list[Decision], paths: Paths, config: str | None, *, root: str | None = None,
-          ldcache: str | None = None, user: str | None = None, dry_run: bool = False) -> str:
-    """Set the engines up as decided; the text to show (dry_run: the diffs)."""
+          ldcache: str | None = None, user: str | None = None, dry_run: bool = False,
+          changed: list[str] | None = None) -> str:
+    """Set the engines up as decided; the text to show (dry_run: the diffs). changed:
+    gets the engines whose own config changed (they must restart to see it)."""
     files = plan_files(decisions, paths, config, root=root, ldcache=ldcache, user=user)
     # Every engine's file parsed and its change computed (and every backup that would be
     # refused, refused) before anything is written.
@@ -460,8 +589,13 @@ def apply(decisions: list[Decision], paths: Paths, config: str | None, *, root: 
     put = _put_files(files, dry_run=True)
     if dry_run:
         return put + "".join(shown)
-    return _put_files(files, dry_run=False) + "".join(_engine_call(d, paths, config, dry_run=False)
-                                                      for d in decisions)
+    text = _put_files(files, dry_run=False)
+    for d in decisions:
+        t = _engine_call(d, paths, config, dry_run=False)
+        if changed is not None and _restart_line(d.engine) in t:
+            changed.append(d.engine)
+        text += t
+    return text
 
 
 def _ours_link(paths: Paths) -> bool:
@@ -508,7 +642,7 @@ def undo(paths: Paths, config: str | None, *, dry_run: bool = False) -> tuple[st
         work.append(("docker", lambda dry: docker.setup(paths.docker_config, hook_dir=paths.docker_hook_dir,
                                                         dry_run=dry, undo=True, backup_dir=paths.backup_dir)))
     for t in (_hook_target(paths), Target(paths.cdi_spec, store=paths.backup_dir, make_dirs=True),
-              Target(_nvhook_config(config), store=paths.backup_dir, make_dirs=True)):
+              Target(_nvhook_config(config), store=paths.backup_dir, make_dirs=True, fmt="toml")):
         if _has_backup(t):
             work.append(("", lambda dry, t=t: edit_file(t, None, dry_run=dry, undo=True)[1]))
     # Every file read and parsed (a dry run) before anything is put back.
@@ -519,22 +653,46 @@ def undo(paths: Paths, config: str | None, *, dry_run: bool = False) -> tuple[st
     return text or "nothing to undo: `nvhook setup auto` has changed nothing here\n", done
 
 
+class Restarter:
+    """--restart-engines: systemctl(argv, timeout) -> "" or what went wrong; running:
+    whether systemd is PID 1 here. failed collects one line per engine it could not
+    restart (the CLI prints them and exits non-zero, after the rest is done)."""
+
+    def __init__(self, systemctl, running: bool) -> None:
+        self.systemctl, self.running = systemctl, running
+        self.failed: list[str] = []
+
+    def __call__(self, engines: list[str], paths: Paths, full: frozenset[str] = frozenset()) -> str:
+        text, failed = restart_engines(engines, paths, self.systemctl, running=self.running, full=full)
+        self.failed += failed
+        return text
+
+
 def setup(paths: Paths, *, config: str | None = None, root: str | None = None,
           ldcache: str | None = None, user: str | None = None, dry_run: bool = False,
-          undo_: bool = False, as_json: bool = False, facts: list[Facts] | None = None) -> str:
+          undo_: bool = False, as_json: bool = False, facts: list[Facts] | None = None,
+          restart: Restarter | None = None) -> str:
     """Detect, decide, apply (or undo); the text to show (as_json: a JSON object with
-    "engines", one object per engine detected, and "changes", the text)."""
+    "engines", one object per engine detected, and "changes", the text). restart: make
+    the engines whose config changed take it (and any whose restart failed before)."""
     if undo_:
         text, done = undo(paths, config, dry_run=dry_run)
+        if restart is not None and not dry_run:
+            text += restart([e for e in done if e in RESTART], paths)
         if as_json:
             return json.dumps({"undo": True, "dry_run": dry_run, "engines": [], "undone": done,
                                "changes": text}, indent=2) + "\n"
         return text
     decisions = decide(gather(paths) if facts is None else facts)
+    changed: list[str] = []
     if not decisions:
         text = "no container engine found (containerd, CRI-O, Docker): nothing to set up\n"
     else:
-        changes = apply(decisions, paths, config, root=root, ldcache=ldcache, user=user, dry_run=dry_run)
+        changes = apply(decisions, paths, config, root=root, ldcache=ldcache, user=user, dry_run=dry_run,
+                        changed=changed)
+        if restart is not None and not dry_run:
+            changes += restart(changed, paths, frozenset(d.engine for d in decisions
+                                                         if d.engine == "docker" and d.enable_cdi))
     if as_json:
         return json.dumps({"undo": False, "dry_run": dry_run,
                            "engines": [d.as_json() for d in decisions],

@@ -28,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+from typing import Sequence
 
 from libinject.errors import NvhookError
 from libinject.setup import tomldoc
@@ -93,8 +94,12 @@ def _merge(into: dict, other: dict) -> None:
             into[k] = v
 
 
-def configure(doc, version: int, path: str, shim: str, *, set_as_default: bool, cdi: bool) -> None:
-    """Put the nvidia runtime (and the default and CDI keys) into doc."""
+def configure(doc, version: int, path: str, shim: str, *, set_as_default: bool, cdi: bool,
+              container_annotations: Sequence[str] = (), cdi_spec_dirs: Sequence[str] | None = None) -> None:
+    """Put the nvidia runtime (and the default and CDI keys) into doc.
+    container_annotations: patterns the runtime's container_annotations must hold (put
+    first, the file's others kept after them, as nvidia-ctk does); cdi_spec_dirs: the
+    CRI plugin's spec dirs to write (a spec elsewhere than the defaults)."""
     import tomlkit
 
     cri = ["plugins", PLUGINS[version]]
@@ -104,26 +109,35 @@ def configure(doc, version: int, path: str, shim: str, *, set_as_default: bool, 
     nv = tomldoc.table(runtimes, [RUNTIME], path)
     tomldoc.put(nv, "runtime_type", RUNTIME_TYPE)
     tomldoc.put(tomldoc.table(nv, ["options"], path), "BinaryName", shim)
+    if container_annotations:
+        have = tomldoc._plain(nv.get("container_annotations", []))
+        have = [a for a in have if isinstance(a, str)] if isinstance(have, list) else []
+        tomldoc.put(nv, "container_annotations",
+                    [*container_annotations, *(a for a in have if a not in container_annotations)])
     if set_as_default:
         tomldoc.put(tomldoc.table(doc, [*cri, "containerd"], path), "default_runtime_name", RUNTIME)
     if cdi:
         plugin = tomldoc.table(doc, cri, path)
         tomldoc.put(plugin, "enable_cdi", True)
-        if "cdi_spec_dirs" not in plugin:
+        if "cdi_spec_dirs" not in plugin and cdi_spec_dirs is None:
             plugin["cdi_spec_dirs"] = list(CDI_SPEC_DIRS)
+    if cdi_spec_dirs is not None:
+        tomldoc.put(tomldoc.table(doc, cri, path), "cdi_spec_dirs", list(cdi_spec_dirs))
 
 
 def setup(config: str = CONFIG, *, set_as_default: bool = False, cdi: bool = False,
-          dry_run: bool = False, undo: bool = False, backup_dir: str | None = None) -> str:
-    """Configure (or undo) containerd for nvhook; the text to show."""
-    main = Target(config, store=backup_dir)
+          dry_run: bool = False, undo: bool = False, backup_dir: str | None = None,
+          container_annotations: Sequence[str] = (), cdi_spec_dirs: Sequence[str] | None = None) -> str:
+    """Configure (or undo) containerd for nvhook; the text to show (configure says what
+    container_annotations and cdi_spec_dirs do)."""
+    main = Target(config, store=backup_dir, fmt="toml")
     cur = main.read()
     if cur is not None and cur.kind == "link":
         raise NvhookError(f"{main.path} is a symlink: name the file it points to with --config")
     doc = tomldoc.parse(cur.data if cur is not None else None, main.path)
     version = version_of(doc, main.path)
     drop = drop_in_path(doc, main.path)
-    drop_target = (Target(drop, os.path.dirname(os.path.dirname(drop)), store=backup_dir, make_dirs=True)
+    drop_target = (Target(drop, os.path.dirname(os.path.dirname(drop)), store=backup_dir, make_dirs=True, fmt="toml")
                    if drop else None)
     if undo:
         done = [t for t in (drop_target, main) if t is not None and t.has_backup()]
@@ -137,7 +151,8 @@ def setup(config: str = CONFIG, *, set_as_default: bool = False, cdi: bool = Fal
             d = tomldoc.parse(data, main.path)
             if not d.keys():
                 d.add("version", NEW_VERSION)
-            configure(d, version, main.path, shim, set_as_default=set_as_default, cdi=cdi)
+            configure(d, version, main.path, shim, set_as_default=set_as_default, cdi=cdi,
+                      container_annotations=container_annotations, cdi_spec_dirs=cdi_spec_dirs)
             return tomldoc.dumps(d)
         target = main
     else:
@@ -157,7 +172,8 @@ def setup(config: str = CONFIG, *, set_as_default: bool = False, cdi: bool = Fal
                         _merge(seed, section)
                 if seed:
                     tomldoc.table(d, cri[:1], drop_target.path).append(cri[1], tomlkit.item(seed))
-            configure(d, version, drop_target.path, shim, set_as_default=set_as_default, cdi=cdi)
+            configure(d, version, drop_target.path, shim, set_as_default=set_as_default, cdi=cdi,
+                      container_annotations=container_annotations, cdi_spec_dirs=cdi_spec_dirs)
             return tomldoc.dumps(d)
         target = drop_target
     changed, text = edit_file(target, edit, dry_run=dry_run)

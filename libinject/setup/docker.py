@@ -108,7 +108,7 @@ def setup(config: str = DAEMON_JSON, *, hook_dir: str = HOOK_DIR, set_as_default
           backup_dir: str | None = None) -> str:
     """Configure (or undo) dockerd for nvhook; the text to show (backup_dir: the
     store's, default libinject.setup.store.STORE_DIR)."""
-    target = Target(config, store=backup_dir, make_dirs=True)
+    target = Target(config, store=backup_dir, make_dirs=True, fmt="json")
     shim = None if undo else venv_program("nvhook-runtime")
     front = venv_program("nvhook-hook", check=not undo)
     changed, text = edit_file(target, lambda data: edit(data, target.path, shim,

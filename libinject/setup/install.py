@@ -10,7 +10,10 @@ others, and a backup planted in it was put back. An earlier nvhook's NAME.nvhook
 (or empty NAME.nvhook-none) beside the file -- or, for a drop-in in a directory the
 engine reads whole, in the directory above -- is still put back by --undo when only
 root could have put it there (Target._legacy); any other is refused, as is a store
-record this node's key did not seal. Writes go through libinject.linux.atomic (a temp
+record this node's key did not seal. For an engine's config that others edit too (a
+Target with fmt "toml" or "json"), the settings each run set are recorded as well, and
+--undo takes out only those that still hold nvhook's value, keeping later edits
+(libinject.setup.threeway). Writes go through libinject.linux.atomic (a temp
 file made with O_EXCL | O_NOFOLLOW, fsync'ed, renamed over the name; directories
 opened with O_NOFOLLOW): a reader sees the old file or the new one.
 """
@@ -202,8 +205,11 @@ class Target:
     `make_dirs`, a missing directory is made (0755) when the file is first written."""
 
     def __init__(self, path: str, legacy_dir: str | None = None, *, store: str | None = None,
-                 make_dirs: bool = False, limit: int = MAX_FILE) -> None:
+                 make_dirs: bool = False, limit: int = MAX_FILE, fmt: str | None = None) -> None:
         self.path = os.path.abspath(path)
+        # "toml" / "json": an engine's config that others edit too; --undo takes back only
+        # nvhook's settings (libinject.setup.threeway). None: a file that is wholly nvhook's.
+        self.fmt = fmt
         self.dir, self.name = os.path.split(self.path)
         self.legacy_dir = os.path.abspath(legacy_dir) if legacy_dir else self.dir
         self.store = store
@@ -305,6 +311,76 @@ class Target:
     def has_backup(self) -> bool:
         return self.saved() is not None
 
+    # -- the settings nvhook set (fmt files) --
+
+    @property
+    def _changes_key(self) -> str:
+        # A record of its own in the store, sealed for this name (never taken for the backup).
+        return self.path + "\0changes"
+
+    def changes(self) -> dict | None:
+        """The settings nvhook set in this file (key path -> value), None if none were
+        recorded (a file set up by an earlier nvhook, or not a fmt file)."""
+        from libinject.setup import threeway
+
+        if self.fmt is None:
+            return None
+        found = store.read(self.store_dir, self._changes_key, self.limit)
+        if found is None:
+            return None
+        rec, where = found
+        changes = threeway.decode(rec.data)
+        if changes is None:
+            raise store.BackupRefused(f"{where} (the settings nvhook set in {self.path}): not a record "
+                                      "nvhook setup wrote; not used, nothing changed")
+        return changes
+
+    def _record_changes(self, before: Entry | None, wanted: Entry, saved: Saved | None) -> None:
+        """Add what this run set to the record (before: the file as this run found it).
+        A file whose backup an earlier nvhook kept without a record: everything that
+        differs from that backup counts as nvhook's."""
+        from libinject.setup import threeway
+
+        try:
+            old = self.changes() or {}
+            if saved is not None and not old and (saved.entry is None or saved.entry.kind == "file"):
+                before = saved.entry
+            base = threeway.plain(self.fmt, threeway.parse(self.fmt, before.data if before is not None
+                                                           and before.kind == "file" else None, self.path))
+            new = threeway.changed(base, threeway.plain(self.fmt, threeway.parse(self.fmt, wanted.data, self.path)))
+        except NvhookError:
+            return          # not parseable as fmt: --undo puts back the whole file, as before
+        old.update(new)
+        store.write(self.store_dir, store.Record(self._changes_key, "file", threeway.encode(old), 0o600))
+
+    def _undone(self, saved: Saved) -> tuple[Entry | None, str, bool]:
+        """What --undo puts at path: (the entry, None for no file; what is said; whether
+        to write at all). A fmt file changed since set-up: only nvhook's settings go."""
+        from libinject.setup import threeway
+
+        changes = self.changes()
+        if changes is None or (saved.entry is not None and saved.entry.kind != "file"):
+            return saved.entry, "", True
+        cur = self.read()
+        if cur is None:
+            return None, f"left {self.path} absent: removed since nvhook set it up\n", False
+        if cur.kind != "file":
+            raise NvhookError(f"{self.path}: a symlink now, not the file nvhook set up; nothing undone "
+                              "(put back what was there by hand)")
+        try:
+            data, kept = threeway.undo(self.fmt, saved.entry.data if saved.entry is not None else None,
+                                       cur.data, changes, self.path)
+        except NvhookError:
+            raise NvhookError(f"{self.path}: changed since nvhook set it up and no longer valid {self.fmt.upper()}: "
+                              "cannot tell nvhook's settings from others'; nothing undone (fix the file, "
+                              "then run --undo again)") from None
+        note = (f"kept in {self.path}, changed since nvhook set them: {', '.join(kept)}\n" if kept else "")
+        if data is None:
+            return None, note, True
+        if saved.entry is not None and data == saved.entry.data:
+            return saved.entry, note, True
+        return Entry.file(data, cur), note + f"took nvhook's settings out of {self.path}; kept the rest\n", True
+
     # -- writing --
 
     def _made_dir(self, path: str) -> int:
@@ -319,15 +395,19 @@ class Target:
         """Put `wanted` at path (`cur`: what read() found), keeping what was there first."""
         if wanted.same(cur):
             return Installed(False, None)
-        kept = self.saved() is not None         # refused: before anything is written
+        saved = self.saved()                    # refused: before anything is written
         dfd = self._made_dir(self.dir)
         try:
-            made = None if kept else store.write(self.store_dir, _record_of(self.path, cur))
+            made = None if saved is not None else store.write(self.store_dir, _record_of(self.path, cur))
             try:
+                if self.fmt is not None:
+                    self._record_changes(cur, wanted, saved)
                 wanted.put(dfd, self.name)
             except BaseException:
                 if made:
                     store.remove(self.store_dir, self.path)
+                    if self.fmt is not None:
+                        store.remove(self.store_dir, self._changes_key)
                 raise
             return Installed(True, made if cur is not None else None)
         finally:
@@ -339,14 +419,20 @@ class Target:
         saved = self.saved()
         if saved is None:
             return None
+        entry, note, write = self._undone(saved)
         dfd = open_dir(self.dir)
         try:
-            if saved.entry is not None:
-                saved.entry.put(dfd, self.name)
-                what = f"restored {self.path} from {saved.where}"
+            if not write:
+                what = note.rstrip("\n")
+            elif entry is not None and entry is saved.entry:
+                entry.put(dfd, self.name)
+                what = note + f"restored {self.path} from {saved.where}"
+            elif entry is not None:
+                entry.put(dfd, self.name)
+                what = note.rstrip("\n")
             else:
                 unlink(dfd, self.name)
-                what = f"removed {self.path}"
+                what = note + f"removed {self.path}"
         finally:
             os.close(dfd)
         if saved.legacy:
@@ -358,6 +444,8 @@ class Target:
                 os.close(bfd)
         else:
             store.remove(self.store_dir, self.path)
+        if self.fmt is not None:
+            store.remove(self.store_dir, self._changes_key)
         return what
 
     def undo_diff(self) -> str | None:
@@ -365,7 +453,9 @@ class Target:
         saved = self.saved()
         if saved is None:
             return None
-        return diff(self.path, self.read(), saved.entry)
+        entry, note, write = self._undone(saved)
+        cur = self.read()
+        return note + diff(self.path, cur, entry if write else cur)
 
 
 def nothing_to_undo(path: str) -> str:
