@@ -70,6 +70,10 @@ MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")   # musl's built-in d
 MAX_MUSL_PATH = 64 << 10    # bytes of an image's musl .path read (a real one: ~30)
 
 
+DEFAULT = "@/sbin/ldconfig"
+UBUNTU_REAL = "/sbin/ldconfig.real"
+
+
 def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
     """fd of the ldconfig to execute. "@PATH" (or "@!PATH": always run it) is a host
     path: open it *before* entering the container's mount namespace. A plain path is
@@ -92,6 +96,12 @@ def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
         os.close(fd)
         raise NvhookError(f"ldconfig {spec} is not a regular file")
     head = os.pread(fd, 2, 0)
+    if head == b"#!" and spec in (DEFAULT, "@!" + DEFAULT[1:]) and os.path.isfile(UBUNTU_REAL):
+        # Ubuntu's /sbin/ldconfig is a shell wrapper around ldconfig.real: the default
+        # becomes that, as NVIDIA's toolkit makes its default config there
+        # (internal/config: "@/sbin/ldconfig.real" where it exists). A host path: trusted.
+        os.close(fd)
+        return open_ldconfig(spec.replace(DEFAULT[1:], UBUNTU_REAL), root)
     if head == b"#!":
         os.close(fd)
         raise NvhookError(f"ldconfig {spec} is a script (on Ubuntu use @/sbin/ldconfig.real)")
