@@ -354,7 +354,8 @@ def _searched(root: str, libs) -> list:
 
 
 def find_binaries(root: str) -> list:
-    """Each of BINARIES: the first found in BIN_DIRS, an executable regular file."""
+    """Each of BINARIES: the first found in BIN_DIRS, an executable regular file that is
+    not a script."""
     from libinject.discover import libraries as L
     from libinject.discover import model
 
@@ -362,10 +363,26 @@ def find_binaries(root: str) -> list:
     for name, cap in L.BINARIES:
         for d in L.BIN_DIRS:
             p = L.resolve(root, f"/{d}/{name}")
-            if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            if p and os.path.isfile(p) and os.access(p, os.X_OK) and not _is_script(p):
                 out.append(model.HostFile(p, f"/usr/bin/{name}", cap, "binary"))
                 break
     return out
+
+
+def _is_script(path: str) -> bool:
+    """A `#!` file: a host's wrapper (cloud images put `exec /usr/local/nvidia/bin/...`
+    scripts in /usr/bin), not the driver's program: inside a container it would exec a
+    path that is not there, so the search goes on to the real one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, 2, 0) == b"#!"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def could_find_binaries(root: str, files) -> bool:
