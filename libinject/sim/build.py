@@ -37,7 +37,7 @@ from libinject.sim import profile as profmod
 from libinject.sim.profile import DRM_MAJOR, GpuSpec, LibSpec, Profile
 
 NATIVE = Path(__file__).resolve().parent / "native"
-CACHE_FORMAT = "3"   # bump when the compile recipe changes
+CACHE_FORMAT = "4"   # bump when the compile recipe changes
 CC = "gcc"
 CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
 ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
@@ -64,7 +64,7 @@ def cache_dir() -> Path:
 def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Path] = ()) -> Path:
     """gcc sources -> cache/<hash>-out_name (compiled only on a cache miss)."""
     h = hashlib.sha256(CACHE_FORMAT.encode())
-    for name in sorted({*sources, "nvml.h"}):
+    for name in sorted({*sources, "nvml.h", "nvml_sim.h"}):
         h.update(name.encode() + b"\0" + (NATIVE / name).read_bytes())
     for part in (*flags, *(str(p) for p in link)):
         h.update(b"\0" + part.encode())
@@ -115,8 +115,12 @@ def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
     flags = _so_flags(prof, arch, lib.real_soname(prof.driver_version))
     out_name = f"{arch}-{lib.file_name(prof.driver_version)}"
     if lib.name == "libnvidia-ml":
-        return _compile(["nvml_mock.c", "abi_note.S"], [*flags, "-lpthread"], out_name)
+        return _compile(["nvml_mock.c", "nvml_mig.c", "nvml_stubs.c", "abi_note.S"], [*flags, "-lpthread", "-lm"],
+                        out_name)
     flags.append(f'-DSIM_LIB="{lib.name}"')
+    if lib.name == "libnvidia-sandboxutils":
+        # nvSandboxUtils* answered from the NVML next to it (native/sandboxutils.c)
+        return _compile(["driver_lib.c", "sandboxutils.c", "abi_note.S"], [*flags, "-ldl"], out_name)
     if lib.name == "libcuda":
         flags.append("-DSIM_LIBCUDA")
     if lib.name == "libGLX_nvidia":
