@@ -506,6 +506,21 @@ def _install_procfs(root: Path, prof: Profile) -> None:
     _write(root / "proc/devices", f"Character devices:\n{chars}\nBlock devices:\n", 0o444)
 
 
+def _install_sysfs(root: Path, prof: Profile) -> None:
+    """sys/bus/pci/devices/<bus>/ of each GPU: the PCI identity files tools read there
+    (NVIDIA's go-nvlib nvpci: vendor, device, class, subsystem ids, NUMA node)."""
+    for g in prof.gpus:
+        d = root / "sys/bus/pci/devices" / g.procfs_name
+        # display controllers: VGA (0x0300) where the board drives displays, else 3D (0x0302)
+        cls = 0x030000 if g.brand in profmod.GRAPHICS_BRANDS else 0x030200
+        files = {"vendor": f"0x{g.pci_device_id & 0xFFFF:04x}", "device": f"0x{g.pci_device_id >> 16:04x}",
+                 "class": f"0x{cls:06x}", "subsystem_vendor": f"0x{g.pci_subsystem_id & 0xFFFF:04x}",
+                 "subsystem_device": f"0x{g.pci_subsystem_id >> 16:04x}", "numa_node": "-1",
+                 "irq": str(150 + g.minor)}
+        for name, text in files.items():
+            _write(d / name, text + "\n", 0o444)
+
+
 def _build(root: Path, prof: Profile) -> None:
     libs, tools, modules = build_artifacts(prof)
     for d in ("etc", "tmp", "run", "usr/bin", "usr/lib/x86_64-linux-gnu"):
@@ -520,6 +535,7 @@ def _build(root: Path, prof: Profile) -> None:
                f"nvhook simulated GSP firmware {fw} for driver {prof.driver_version}\n")
     _install_devices(root, prof)
     _install_procfs(root, prof)
+    _install_sysfs(root, prof)
     if prof.graphics:
         _install_graphics(root, prof, modules)
     # As on a real host, /var/run is /run: NVIDIA's tools name the sockets /var/run/...
