@@ -146,9 +146,11 @@ def request_from_spec(spec: dict[str, Any], config, log=None) -> Request | None:
     requirements = () if disable else _requirements(env, legacy)
     say(f"devices={devices} capabilities={','.join(sorted(caps))} privileged={privileged}"
         f" legacy={legacy} requirements={list(requirements)} disable_require={disable}")
+    named = {c.strip() for c in env.get(CAPS, "").split(",")}
     return Request(
         devices=devices,
         capabilities=caps,
+        modeset_required="display" in caps and "display" in named and "all" not in named,
         requirements=requirements,
         disable_require=disable,
         mig_config=mig_config,
