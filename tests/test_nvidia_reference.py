@@ -57,3 +57,57 @@ def test_display_named_in_the_environment_requires_the_node(caps, required):
     env = ["NVIDIA_VISIBLE_DEVICES=0"] + ([f"NVIDIA_DRIVER_CAPABILITIES={caps}"] if caps else [])
     r = request_from_spec(spec(*env), config_mod.parse("", "test.toml"))
     assert r.modeset_required is required
+
+
+# ---------------------------------------------------------------- IMEX channel requests
+
+def imex(*env: str, privileged: bool = False, config: str = "", mounts=()) -> str | None:
+    s = spec("NVIDIA_VISIBLE_DEVICES=0", *env, privileged=privileged)
+    s["mounts"] = [{"source": "/dev/null", "destination": d, "type": "bind"} for d in mounts]
+    return request_from_spec(s, config_mod.parse(config, "test.toml")).imex_channels
+
+
+def test_imex_from_an_unprivileged_container_follows_the_envvar_rule():
+    """NVIDIA (internal/config/image/cuda_image.go, ImexChannelRequests): NVIDIA_IMEX_CHANNELS
+    is taken from an unprivileged container when accept-nvidia-visible-devices-envvar-when-
+    unprivileged is on (the default), and ignored (not an error) when it is off."""
+    assert imex("NVIDIA_IMEX_CHANNELS=0,3") == "0,3"
+    assert imex("NVIDIA_IMEX_CHANNELS=0", privileged=True) == "0"
+    # off: the GPU comes by a volume mount (an orchestrator's grant), the channel request
+    # in the environment is ignored
+    off = ("accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+           "accept-nvidia-visible-devices-as-volume-mounts = true\n")
+    grant = ["/var/run/nvidia-container-devices/0"]
+    assert imex("NVIDIA_IMEX_CHANNELS=0", config=off, mounts=grant) is None
+    assert imex("NVIDIA_IMEX_CHANNELS=0", config=off, mounts=grant, privileged=True) == "0"
+
+
+def test_imex_all_from_the_environment_asks_for_nothing():
+    """NVIDIA (cuda_image.go, imexChannelsFromEnvVar): a lone "all" is no request."""
+    assert imex("NVIDIA_IMEX_CHANNELS=all", privileged=True) is None
+
+
+def test_imex_volume_mount_is_a_channel_request_not_a_device():
+    """NVIDIA (cuda_image.go, imexChannelsFromMounts): /dev/null at
+    /var/run/nvidia-container-devices/imex/<id> asks for IMEX channel <id>, ahead of the
+    environment, when device lists as volume mounts are accepted; it is not device
+    "imex/<id>"."""
+    on = "accept-nvidia-visible-devices-as-volume-mounts = true"
+    root = "/var/run/nvidia-container-devices"
+    s = spec("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_IMEX_CHANNELS=5")
+    s["mounts"] = [{"source": "/dev/null", "destination": f"{root}/0", "type": "bind"},
+                   {"source": "/dev/null", "destination": f"{root}/imex/0", "type": "bind"}]
+    r = request_from_spec(s, config_mod.parse(on, "test.toml"))
+    assert (r.devices, r.imex_channels) == ("0", "0")
+    # not accepted: the mounts are nothing, the environment is read
+    r = request_from_spec(s, config_mod.parse("", "test.toml"))
+    assert (r.devices, r.imex_channels) == ("all", "5")
+
+
+def test_imex_channel_listed_by_id(sim_host):
+    """NVIDIA (libnvidia-container cli/list.c): `list --imex-channel=0` prints
+    /dev/nvidia-caps-imex-channels/channel0 (the path of each channel id given) besides
+    everything else, where nvhook used to fail with "unknown IMEX channel: 0"."""
+    r = run([NVHOOK, "--root", str(sim_host("a100x8")), "list", "--imex-channel=0"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "/dev/nvidia-caps-imex-channels/channel0" in r.stdout.splitlines()
