@@ -41,7 +41,8 @@ def _libs(root: Path, prof: dict, i386: bool) -> list[str]:
     ver = prof["driver_version"]
     d = "/usr/lib/i386-linux-gnu" if i386 else "/usr/lib/x86_64-linux-gnu"
     have = {lib["name"]: f"{lib['name']}.so.{lib.get('version') or ver}"
-            for lib in prof["libraries"] if lib["i386"] or not i386}
+            for lib in prof["libraries"] if (lib["i386"] or not i386)
+            and lib["name"] != "libnvidia-sandboxutils"}   # host-side only, as nvidia-container-cli
     fixed = [p.split(".so")[0] for p, _ in LIBRARIES]
     out = [f"{d}/{have[n]}" for n in dict.fromkeys(fixed) if n in have]
     out += sorted(f"{d}/{have[n]}" for n in have if n not in fixed)

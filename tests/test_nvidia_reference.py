@@ -111,3 +111,16 @@ def test_imex_channel_listed_by_id(sim_host):
     r = run([NVHOOK, "--root", str(sim_host("a100x8")), "list", "--imex-channel=0"], timeout=60)
     assert r.returncode == 0, r.stderr
     assert "/dev/nvidia-caps-imex-channels/channel0" in r.stdout.splitlines()
+
+
+# ---------------------------------------------------------------- libraries
+
+def test_sandboxutils_is_not_a_container_library(sim_host):
+    """NVIDIA (libnvidia-container nvc_info.c, the utility/compute/... library lists) never
+    lists libnvidia-sandboxutils: it is the host-side library nvidia-ctk asks where a GPU's
+    files are. nvhook's rule for newer drivers' lib*nvidia*.so.<version> skips it too."""
+    root = sim_host("a100x8")
+    assert list((root / "usr/lib/x86_64-linux-gnu").glob("libnvidia-sandboxutils.so.*"))   # the host has it
+    r = run([NVHOOK, "--root", str(root), "list", "--libraries"], timeout=60)
+    assert r.returncode == 0 and "libnvidia-ml.so." in r.stdout
+    assert "sandboxutils" not in r.stdout
