@@ -95,7 +95,7 @@ def expected_list(root: Path, prof: dict, *, devices=True, migs=True, libs=True,
     return "".join(f"{p}\n" for p in out)
 
 
-def expected_info(prof: dict) -> str:
+def expected_info(prof: dict, mig: bool = False) -> str:
     row = "{:<15} {}\n"
     out = row.format("NVRM version:", prof["driver_version"]) + row.format("CUDA version:", prof["cuda_version"])
     for i, g in enumerate(_gpus(prof)):
@@ -103,7 +103,7 @@ def expected_info(prof: dict) -> str:
             ("Device Index:", i), ("Device Minor:", g["minor"]), ("Model:", g["name"]), ("Brand:", g["brand"]),
             ("GPU UUID:", g["uuid"]), ("Bus Location:", g["bus_id"].lower()),
             ("Architecture:", f"{g['cc'][0]}.{g['cc'][1]}")))
-        for j, m in enumerate(g["mig"]):
+        for j, m in enumerate(g["mig"] if mig else ()):
             out += row.format("MIG Device:", f"{i}:{j} {m['uuid']} {m['name']} (GI {m['gi']}, CI {m['ci']})")
     return out
 
@@ -124,7 +124,12 @@ def test_info(sim_host, nvhook, profile):
     root = sim_host(profile)
     prof = profile_of(root)
     r = nvhook("--root", str(root), "info")
+    # as nvidia-container-cli info (cli/info.c): GPUs only; --mig adds their MIG devices
     assert (r.returncode, r.stderr, r.stdout) == (0, "", expected_info(prof))
+    r = nvhook("--root", str(root), "info", "--mig")
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", expected_info(prof, mig=True))
+    if profile == "h100x8-mig":
+        assert "MIG Device:" in r.stdout
     csv = nvhook("--root", str(root), "info", "--csv").stdout.split("\n\n")
     assert csv[0] == f"NVRM version,CUDA version\n{prof['driver_version']},{prof['cuda_version']}"
     rows = csv[1].splitlines()
