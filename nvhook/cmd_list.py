@@ -49,13 +49,18 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
     imex = _join(args.imex_channel)
     libs, bins, ipcs, fw, compat32 = args.libraries, args.binaries, args.ipcs, args.firmwares, args.compat32
     graphics = args.graphics
-    if not any((devices, mig_config, mig_monitor, libs, bins, ipcs, fw, graphics)):
-        # No selection: everything, for all devices (as nvidia-container-cli list).
+    modifiers = (compat32, args.no_persistenced, args.no_fabricmanager, args.no_gsp_firmware)
+    if not any((devices, mig_config, mig_monitor, libs, bins, ipcs, fw, graphics, *modifiers)):
+        # Nothing asked for (or only IMEX channels): everything, for all devices. Any other
+        # option, a modifier such as --compat32 included, lists only what it selects:
+        # nothing for modifiers alone (nvidia-container-cli cli/list.c: everything only
+        # when argc is 1, or 2 with --imex-channel).
         devices, libs, bins, ipcs, fw, compat32, graphics = "all", True, True, True, True, True, True
     if args.no_gsp_firmware:
         fw = False
 
-    sel = S.resolve(driver, devices, mig_config=mig_config, mig_monitor=mig_monitor, imex=imex)
+    sel = S.resolve(driver, devices, mig_config=mig_config, mig_monitor=mig_monitor)
+    imex_listed = S.imex_channel_requests(driver, imex)
     caps = {n.minor: n for n in driver.cap_devices}
     minors = driver.mig_minors
     out: list[dict] = []
@@ -91,13 +96,20 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
             proc(f"{ci}/access", **who)
             cap_node(m.gi_access_minor, **who)
             cap_node(m.ci_access_minor, **who)
-    for n in sel.imex:
-        node(n, kind="imex-channel")
+    for channel, n in imex_listed:
+        if n is not None:
+            node(n, kind="imex-channel", channel=channel)
+        else:   # listed as nvidia-container-cli lists it; injecting it would fail
+            out.append({"kind": "imex-channel", "path": S.IMEX_CHANNEL_PATH.format(channel), "host_path": None,
+                        "channel": channel})
     for what, gpus in sel.mig_caps:
+        if not gpus:   # (cli/list.c: only when a visible GPU is MIG capable)
+            continue
         proc(f"{MIG_CAPS}/mig/{what}", mig=what)
         cap_node(minors.get(what), mig=what)
         for g in gpus:
-            proc(f"{MIG_CAPS}/gpu{g.minor}/mig", mig=what, gpu=g.index)
+            # the GPU's capability dir, NV_GPU_CAPS_PATH (what nvidia-container-cli lists)
+            proc(f"{MIG_CAPS}/gpu{g.minor}", mig=what, gpu=g.index)
             out.append({"kind": "mig-dir", "path": "/dev/nvidia-caps",
                         "host_path": driver.dev_root.rstrip("/") + "/dev/nvidia-caps", "mig": what})
             for key, minor in S.mig_minors_of(driver, g):

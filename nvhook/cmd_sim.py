@@ -3,6 +3,7 @@
     nvhook sim profiles
     nvhook sim create [--profile NAME | --profile-file FILE] DIR
     nvhook sim rootfs [--layout debian|rpm] [--vulkan] DIR
+    nvhook sim enter ROOT -- CMD [ARGS...]   (CMD sees ROOT's GPUs at the host's paths)
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     rootfs.add_argument("--vulkan", action="store_true",
                         help="also copy this host's Vulkan loader (libvulkan.so.1) into the image")
     rootfs.add_argument("dir", metavar="DIR")
+    enter = sub.add_parser("enter", help="run CMD in a private mount namespace where ROOT's driver files, "
+                                         "/proc, /sys and /dev entries sit over the host's (for NVIDIA's tools)")
+    enter.add_argument("root", metavar="ROOT", help="a simulated host (sim create)")
+    enter.add_argument("cmd", metavar="CMD", nargs=argparse.REMAINDER, help="the command (after --)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,4 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
         print(build_rootfs(args.dir, lib_layout=args.layout, vulkan=args.vulkan))
         return 0
+    if args.sim_command == "enter":
+        from libinject.sim.enter import enter
+
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return enter(args.root, cmd)
     return 2

@@ -77,7 +77,8 @@ def test_apply_standalone_exact_mounts(rootfs, tmp_path, worker, no_leaked_mount
         assert by[m.container_path].root == m.host_path
     for d in edits.device_nodes:
         opts = by[d.path].options
-        assert {"rw", "nosuid", "noexec"} <= opts and "nodev" not in opts
+        # read-only, as nvidia-container-cli binds device nodes (nvc_mount.c mount_device)
+        assert {"ro", "nosuid", "noexec"} <= opts and "nodev" not in opts
     for _, n in edits.procfs.gpu_dirs:
         assert {"ro", "nosuid", "nodev", "noexec"} <= by[f"/proc/driver/nvidia/gpus/{n}"].options
     assert r["wrote"] == errno.EROFS           # read-only really is read-only

@@ -59,7 +59,7 @@ def expected_mounts(edits: dict, rootfs: Path) -> dict[str, set[str]]:
     for m in edits["mounts"]:
         exp[r + m["container_path"]] = {FLAG_OF[o] for o in m["options"] if o in FLAG_OF}
     for d in edits["device_nodes"]:
-        exp[r + d["path"]] = {"nosuid", "noexec"}
+        exp[r + d["path"]] = {"ro", "nosuid", "noexec"}   # read-only, as NVIDIA's mount_device
     return exp
 
 

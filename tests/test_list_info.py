@@ -41,7 +41,8 @@ def _libs(root: Path, prof: dict, i386: bool) -> list[str]:
     ver = prof["driver_version"]
     d = "/usr/lib/i386-linux-gnu" if i386 else "/usr/lib/x86_64-linux-gnu"
     have = {lib["name"]: f"{lib['name']}.so.{lib.get('version') or ver}"
-            for lib in prof["libraries"] if lib["i386"] or not i386}
+            for lib in prof["libraries"] if (lib["i386"] or not i386)
+            and lib["name"] != "libnvidia-sandboxutils"}   # host-side only, as nvidia-container-cli
     fixed = [p.split(".so")[0] for p, _ in LIBRARIES]
     out = [f"{d}/{have[n]}" for n in dict.fromkeys(fixed) if n in have]
     out += sorted(f"{d}/{have[n]}" for n in have if n not in fixed)
@@ -94,7 +95,7 @@ def expected_list(root: Path, prof: dict, *, devices=True, migs=True, libs=True,
     return "".join(f"{p}\n" for p in out)
 
 
-def expected_info(prof: dict) -> str:
+def expected_info(prof: dict, mig: bool = False) -> str:
     row = "{:<15} {}\n"
     out = row.format("NVRM version:", prof["driver_version"]) + row.format("CUDA version:", prof["cuda_version"])
     for i, g in enumerate(_gpus(prof)):
@@ -102,7 +103,7 @@ def expected_info(prof: dict) -> str:
             ("Device Index:", i), ("Device Minor:", g["minor"]), ("Model:", g["name"]), ("Brand:", g["brand"]),
             ("GPU UUID:", g["uuid"]), ("Bus Location:", g["bus_id"].lower()),
             ("Architecture:", f"{g['cc'][0]}.{g['cc'][1]}")))
-        for j, m in enumerate(g["mig"]):
+        for j, m in enumerate(g["mig"] if mig else ()):
             out += row.format("MIG Device:", f"{i}:{j} {m['uuid']} {m['name']} (GI {m['gi']}, CI {m['ci']})")
     return out
 
@@ -123,7 +124,12 @@ def test_info(sim_host, nvhook, profile):
     root = sim_host(profile)
     prof = profile_of(root)
     r = nvhook("--root", str(root), "info")
+    # as nvidia-container-cli info (cli/info.c): GPUs only; --mig adds their MIG devices
     assert (r.returncode, r.stderr, r.stdout) == (0, "", expected_info(prof))
+    r = nvhook("--root", str(root), "info", "--mig")
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", expected_info(prof, mig=True))
+    if profile == "h100x8-mig":
+        assert "MIG Device:" in r.stdout
     csv = nvhook("--root", str(root), "info", "--csv").stdout.split("\n\n")
     assert csv[0] == f"NVRM version,CUDA version\n{prof['driver_version']},{prof['cuda_version']}"
     rows = csv[1].splitlines()
@@ -171,7 +177,9 @@ def test_mig_selection(sim_host, nvhook):
     lines = r.stdout.splitlines()
     assert lines[:6] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",
                          "/proc/driver/nvidia/capabilities/mig/config", f"/dev/nvidia-caps/nvidia-cap{minors['config']}"]
-    assert lines[6:8] == ["/proc/driver/nvidia/capabilities/gpu0/mig", "/dev/nvidia-caps"]
+    # the GPU's capability dir: NV_GPU_CAPS_PATH, as nvidia-container-cli list prints it
+    # (libnvidia-container cli/list.c: mig_config_devices.gpus[i]->mig_caps_path)
+    assert lines[6:8] == ["/proc/driver/nvidia/capabilities/gpu0", "/dev/nvidia-caps"]
     assert lines[8:] == [f"/dev/nvidia-caps/nvidia-cap{v}" for k, v in minors.items() if k.startswith("gpu0/")]
     r = nvhook("--root", str(root), "list", "--device", "0:0", "--mig-monitor", "all")
     assert r.returncode == 1 and r.stdout == ""
@@ -193,8 +201,35 @@ def test_imex_channels(fresh_sim_host, nvhook):
     r = nvhook("--root", str(root), "list", "-d", "none", "--imex-channel", "all")
     assert r.stdout.splitlines()[-2:] == ["/dev/nvidia-caps-imex-channels/channel0",
                                           "/dev/nvidia-caps-imex-channels/channel3"]
-    r = nvhook("--root", str(root), "list", "--imex-channel", "5")
-    assert (r.returncode, r.stderr) == (1, "nvhook: unknown IMEX channel: 5\n")
+    r = nvhook("--root", str(root), "list", "--imex-channel", "x")
+    assert (r.returncode, r.stderr) == (1, "nvhook: invalid IMEX channel: x\n")
+
+
+def test_imex_channel_listed_without_its_node(sim_host, nvhook):
+    """nvidia-container-cli list prints NV_CAPS_IMEX_DEVICE_PATH for every channel id it
+    parsed, whether or not the node exists (libnvidia-container cli/list.c), and
+    `--imex-channel=0` alone lists everything besides (argc 2 with --imex-channel)."""
+    root = sim_host("t4x1")
+    assert not (root / "dev/nvidia-caps-imex-channels").exists()
+    r = nvhook("--root", str(root), "list", "--imex-channel=0")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[lines.index("/dev/nvidia0") + 1] == "/dev/nvidia-caps-imex-channels/channel0"
+    assert "/usr/bin/nvidia-smi" in lines
+    doc = json.loads(nvhook("--root", str(root), "list", "--imex-channel", "5", "--json").stdout)
+    assert {"kind": "imex-channel", "path": "/dev/nvidia-caps-imex-channels/channel5", "host_path": None,
+            "channel": 5} in doc["items"]
+
+
+@pytest.mark.parametrize("flag", ["--compat32", "--no-persistenced", "--no-fabricmanager", "--no-gsp-firmware"])
+def test_modifier_flags_alone_list_nothing(sim_host, nvhook, flag):
+    """nvidia-container-cli list lists everything only when given no option (cli/list.c,
+    ARGP_KEY_END: state->argc == 1, or 2 with --imex-channel); a modifier alone selects
+    nothing, so it prints nothing."""
+    root = sim_host("a100x8")
+    r = nvhook("--root", str(root), "list", flag)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert nvhook("--root", str(root), "list").stdout.count("\n") > 20   # no option at all: everything
 
 
 def test_extra_library_listed_with_capability(fresh_sim_host, nvhook):

@@ -223,9 +223,9 @@ def test_legacy_version_invalid(v):
 
 # --- MIG config/monitor and IMEX: privileged only ------------------------------------------
 
+# (IMEX channels follow NVIDIA's envvar-when-unprivileged rule: test_nvidia_reference.py)
 @pytest.mark.parametrize("var, field", [("NVIDIA_MIG_CONFIG_DEVICES", "mig_config"),
-                                        ("NVIDIA_MIG_MONITOR_DEVICES", "mig_monitor"),
-                                        ("NVIDIA_IMEX_CHANNELS", "imex_channels")])
+                                        ("NVIDIA_MIG_MONITOR_DEVICES", "mig_monitor")])
 def test_privileged_only(var, field):
     with pytest.raises(NvhookError, match=f"cannot set {var} in non privileged container"):
         req("NVIDIA_VISIBLE_DEVICES=0", f"{var}=all")

@@ -44,7 +44,7 @@ GRAPHICS_PATHS = [*(f"{LIBDIR}/{f}" for f, _ in GRAPHICS_LIBS), f"{LIBDIR}/gbm/n
                   "usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
                   f"usr/share/nvidia/nvidia-application-profiles-{VER}-rc",
                   f"usr/share/nvidia/nvidia-application-profiles-{VER}-key-documentation",
-                  "usr/share/nvidia/nvoptix.bin", "usr/lib/xorg", "usr/share/X11", "dev/dri", "sys"]
+                  "usr/share/nvidia/nvoptix.bin", "usr/lib/xorg", "usr/share/X11", "dev/dri", "sys/class"]
 # Two workstation GPUs given out of PCI order, one in PCI domain 1.
 TWO_GPUS = {"description": "two RTX A6000", "compat32": False,
             "gpus": [{"name": "NVIDIA RTX A6000", "brand": "NvidiaRTX", "architecture": "Ampere",
@@ -272,6 +272,8 @@ def test_modeset_node_stays(sim_host):
 def test_non_graphics_host_is_as_before(sim_host, name):
     root = sim_host(name)
     assert [p for p in GRAPHICS_PATHS if os.path.lexists(root / p)] == []
+    # every host has its GPUs' PCI identity in sysfs; only graphics hosts their DRM nodes
+    assert not list(root.glob("sys/bus/pci/devices/*/drm"))
     assert not list(root.glob(f"{LIBDIR}/libnvidia-egl-*"))
     assert "drm" not in (root / "proc/devices").read_text()
     # what such a host made before stays

@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 
 TIMEOUT = 120.0
 LIB_OPTS = ("ro", "nosuid", "nodev")
-DEV_ATTRS = native.MOUNT_ATTR_NOSUID | native.MOUNT_ATTR_NOEXEC
+# Read-only as NVIDIA binds them (nvc_mount.c mount_device): a device node is written
+# through its driver, which a read-only mount does not stop; the node itself cannot be changed.
+DEV_ATTRS = native.MOUNT_ATTR_RDONLY | native.MOUNT_ATTR_NOSUID | native.MOUNT_ATTR_NOEXEC
 PROC_ATTRS = (native.MOUNT_ATTR_RDONLY | native.MOUNT_ATTR_NOSUID | native.MOUNT_ATTR_NODEV
               | native.MOUNT_ATTR_NOEXEC)
 # mounts by kind, in the order they are applied; symlinks and compat go after libraries

@@ -78,8 +78,11 @@ BINARIES: tuple[tuple[str, str], ...] = (
 )
 
 # Extras: a guess from the name (first match wins); NVIDIA's own list says the X
-# server and settings GUI libraries are never needed in containers.
-_EXTRA_SKIP = ("libnvidia-gtk2.so", "libnvidia-gtk3.so", "libnvidia-wfb.so", "libglx.so", "nvidia_drv.so")
+# server and settings GUI libraries are never needed in containers. Nor is
+# libnvidia-sandboxutils, the host-side library nvidia-ctk asks where a GPU's files are:
+# it is not in nvidia-container-cli's lists (libnvidia-container nvc_info.c).
+_EXTRA_SKIP = ("libnvidia-gtk2.so", "libnvidia-gtk3.so", "libnvidia-wfb.so", "libglx.so", "nvidia_drv.so",
+               "libnvidia-sandboxutils.so")
 _EXTRA_GUESS: tuple[tuple[str, str], ...] = (
     ("ngx", "ngx"),
     ("encode", "video"), ("cuvid", "video"), ("vdpau", "video"), ("opticalflow", "video"),

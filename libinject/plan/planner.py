@@ -298,6 +298,10 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
         if n.capability == "display" and not flags.display:
             continue
         devices.append(_dev(n, "control"))
+    if request.modeset_required and not any(n.capability == "display" for n in driver.control_devices):
+        # as nvidia-container-cli, whose mount of /dev/nvidia-modeset fails ("stat failed")
+        raise NvhookError(f"display capability: {driver.dev_root.rstrip('/')}/dev/nvidia-modeset: "
+                          "no such device node (the nvidia-modeset module is not loaded)")
     for g in sel.gpus:
         devices.append(_gpu_node(driver, g))
     if flags.graphics_libs:

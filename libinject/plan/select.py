@@ -185,6 +185,30 @@ def imex_channels(driver: Driver, ids: str | None) -> list[DeviceNode]:
     return out
 
 
+IMEX_CHANNEL_PATH = "/dev/nvidia-caps-imex-channels/channel{}"
+
+
+def imex_channel_requests(driver: Driver, ids: str | None) -> list[tuple[int, DeviceNode | None]]:
+    """(channel id, its node or None) for each channel asked for: what `list` shows.
+    As nvidia-container-cli list (cli/list.c prints NV_CAPS_IMEX_DEVICE_PATH for each id
+    parse_imex_info took), a channel number is listed whether or not its node exists;
+    "all" is the channels the host has. Injecting one still needs the node
+    (imex_channels)."""
+    by_id = {int(n.container_path.rsplit("channel", 1)[1]): n for n in driver.imex_channels}
+    out: list[tuple[int, DeviceNode | None]] = []
+    for t in tokens(ids):
+        if t.lower() in NOTHING:
+            continue
+        if t.lower() == "all":
+            wanted = sorted(by_id)
+        elif (n := _number(t)) is not None:
+            wanted = [n]
+        else:
+            raise NvhookError(f"invalid IMEX channel: {_show(t)}")
+        out += [(n, by_id.get(n)) for n in wanted if n not in {i for i, _ in out}]
+    return out
+
+
 def mig_minors_of(driver: Driver, gpu: Gpu) -> list[tuple[str, int]]:
     """("gpu<N>/gi<G>[/ci<C>]/access", minor) of every MIG capability of a GPU, by minor:
     what creating or watching its MIG devices may open (upstream's setup_mig_minor_cgroups)."""

@@ -55,6 +55,7 @@ def build(args: argparse.Namespace) -> Request:
     return Request(
         devices=devices if devices is not None else "none",
         capabilities=caps,
+        modeset_required="display" in caps,
         requirements=tuple(getattr(args, "require", None) or ()),
         disable_require=False,
         mig_config=_join(getattr(args, "mig_config", None)),

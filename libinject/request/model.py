@@ -13,6 +13,10 @@ from libinject.record import fields, record
 class Request:
     devices: str | None = None          # selection grammar ("all", "0,1", "GPU-..", "0:1", "MIG-.."); "none" = driver only; None = not a GPU container
     capabilities: frozenset[str] = frozenset({"utility", "compute"})
+    # "display" named (NVIDIA_DRIVER_CAPABILITIES, --display), not come by through "all":
+    # the host must have /dev/nvidia-modeset, as for NVIDIA (nvc_info.c always lists the
+    # node; mounting it fails without it). Through "all" display takes it where it exists.
+    modeset_required: bool = False
     requirements: tuple[str, ...] = ()  # each an NVIDIA_REQUIRE_* expression (space = OR, comma = AND)
     disable_require: bool = False
     mig_config: str | None = None       # device selection for MIG config capability

@@ -19,8 +19,12 @@ from the same spec.
   the variable unset -> every supported; an unknown or unsupported one is an error.
 - requirements: every NVIDIA_REQUIRE_* but JETPACK, ordered by variable name, plus
   cuda>=MAJOR.MINOR for a legacy image; none when disabled (config or NVIDIA_DISABLE_REQUIRE).
-- MIG config/monitor and IMEX channels: privileged containers only (CAP_SYS_ADMIN in the
-  bounding set).
+- MIG config/monitor: privileged containers only (CAP_SYS_ADMIN in the bounding set).
+- IMEX channels, as NVIDIA's toolkit (internal/config/image/cuda_image.go,
+  ImexChannelRequests): from volume mounts /var/run/nvidia-container-devices/imex/<id>
+  first (when those are accepted), else NVIDIA_IMEX_CHANNELS, taken from an unprivileged
+  container only with accept-nvidia-visible-devices-envvar-when-unprivileged (else
+  ignored); "all" from the environment asks for nothing.
 Every value is read through libinject.request.oci_state.field, so a field of the wrong
 JSON type is an NvhookError naming it, never a TypeError (load_config checked the file
 already; specs built in memory get the same check here).
@@ -140,15 +144,17 @@ def request_from_spec(spec: dict[str, Any], config, log=None) -> Request | None:
     legacy = is_legacy(env)
     mig_config = _privileged_only(env, MIG_CONFIG, privileged)
     mig_monitor = _privileged_only(env, MIG_MONITOR, privileged)
-    imex = _privileged_only(env, IMEX, privileged)
+    imex = _imex(spec, env, config, privileged, say)
     caps = _capabilities(env, config, legacy)
     disable = config.disable_require or env.get(DISABLE_REQUIRE, "") in _TRUE
     requirements = () if disable else _requirements(env, legacy)
     say(f"devices={devices} capabilities={','.join(sorted(caps))} privileged={privileged}"
         f" legacy={legacy} requirements={list(requirements)} disable_require={disable}")
+    named = {c.strip() for c in env.get(CAPS, "").split(",")}
     return Request(
         devices=devices,
         capabilities=caps,
+        modeset_required="display" in caps and "display" in named and "all" not in named,
         requirements=requirements,
         disable_require=disable,
         mig_config=mig_config,
@@ -238,8 +244,39 @@ def _special(tokens: list[str]) -> str | None:
     return ",".join(tokens)
 
 
+IMEX_MOUNT_PREFIX = "imex/"
+
+
+def _imex(spec, env, config, privileged: bool, say=lambda m: None) -> str | None:
+    """The IMEX channels asked for, NVIDIA's way (module docstring), or None."""
+    if config.accept_nvidia_visible_devices_as_volume_mounts:
+        found = imex_from_mounts(field(spec, "mounts", "objects") or ())
+        if found:
+            say(f"IMEX channels from volume mounts: {','.join(found)}")
+            return ",".join(found)
+    tokens = [t.strip() for t in env.get(IMEX, "").split(",") if t.strip()]
+    if not tokens or tokens == ["all"]:
+        return None
+    if privileged or config.accept_nvidia_visible_devices_envvar_when_unprivileged:
+        return ",".join(tokens)
+    say(f"ignoring {IMEX} in an unprivileged container")
+    return None
+
+
+def imex_from_mounts(mounts) -> list[str]:
+    """IMEX channel ids from `/dev/null` mounted at /var/run/nvidia-container-devices/imex/<id>."""
+    return [d[len(IMEX_MOUNT_PREFIX):] for d in _mounted(mounts)
+            if d.startswith(IMEX_MOUNT_PREFIX) and d[len(IMEX_MOUNT_PREFIX):]]
+
+
 def devices_from_mounts(mounts) -> list[str]:
-    """Device ids from `/dev/null` mounted at /var/run/nvidia-container-devices/<id>."""
+    """Device ids from `/dev/null` mounted at /var/run/nvidia-container-devices/<id>
+    (an imex/<id> there is an IMEX channel request, not a device)."""
+    return [d for d in _mounted(mounts) if not d.startswith(IMEX_MOUNT_PREFIX)]
+
+
+def _mounted(mounts) -> list[str]:
+    """What follows /var/run/nvidia-container-devices/ in each /dev/null mount there."""
     out: list[str] = []
     for i, m in enumerate(mounts):
         source = field(m, "source", "string", prefix=f"mounts[{i}]")

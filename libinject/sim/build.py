@@ -37,7 +37,7 @@ from libinject.sim import profile as profmod
 from libinject.sim.profile import DRM_MAJOR, GpuSpec, LibSpec, Profile
 
 NATIVE = Path(__file__).resolve().parent / "native"
-CACHE_FORMAT = "3"   # bump when the compile recipe changes
+CACHE_FORMAT = "4"   # bump when the compile recipe changes
 CC = "gcc"
 CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
 ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
@@ -64,7 +64,7 @@ def cache_dir() -> Path:
 def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Path] = ()) -> Path:
     """gcc sources -> cache/<hash>-out_name (compiled only on a cache miss)."""
     h = hashlib.sha256(CACHE_FORMAT.encode())
-    for name in sorted({*sources, "nvml.h"}):
+    for name in sorted({*sources, "nvml.h", "nvml_sim.h"}):
         h.update(name.encode() + b"\0" + (NATIVE / name).read_bytes())
     for part in (*flags, *(str(p) for p in link)):
         h.update(b"\0" + part.encode())
@@ -115,8 +115,12 @@ def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
     flags = _so_flags(prof, arch, lib.real_soname(prof.driver_version))
     out_name = f"{arch}-{lib.file_name(prof.driver_version)}"
     if lib.name == "libnvidia-ml":
-        return _compile(["nvml_mock.c", "abi_note.S"], [*flags, "-lpthread"], out_name)
+        return _compile(["nvml_mock.c", "nvml_mig.c", "nvml_stubs.c", "abi_note.S"], [*flags, "-lpthread", "-lm"],
+                        out_name)
     flags.append(f'-DSIM_LIB="{lib.name}"')
+    if lib.name == "libnvidia-sandboxutils":
+        # nvSandboxUtils* answered from the NVML next to it (native/sandboxutils.c)
+        return _compile(["driver_lib.c", "sandboxutils.c", "abi_note.S"], [*flags, "-ldl"], out_name)
     if lib.name == "libcuda":
         flags.append("-DSIM_LIBCUDA")
     if lib.name == "libGLX_nvidia":
@@ -502,6 +506,21 @@ def _install_procfs(root: Path, prof: Profile) -> None:
     _write(root / "proc/devices", f"Character devices:\n{chars}\nBlock devices:\n", 0o444)
 
 
+def _install_sysfs(root: Path, prof: Profile) -> None:
+    """sys/bus/pci/devices/<bus>/ of each GPU: the PCI identity files tools read there
+    (NVIDIA's go-nvlib nvpci: vendor, device, class, subsystem ids, NUMA node)."""
+    for g in prof.gpus:
+        d = root / "sys/bus/pci/devices" / g.procfs_name
+        # display controllers: VGA (0x0300) where the board drives displays, else 3D (0x0302)
+        cls = 0x030000 if g.brand in profmod.GRAPHICS_BRANDS else 0x030200
+        files = {"vendor": f"0x{g.pci_device_id & 0xFFFF:04x}", "device": f"0x{g.pci_device_id >> 16:04x}",
+                 "class": f"0x{cls:06x}", "subsystem_vendor": f"0x{g.pci_subsystem_id & 0xFFFF:04x}",
+                 "subsystem_device": f"0x{g.pci_subsystem_id >> 16:04x}", "numa_node": "-1",
+                 "irq": str(150 + g.minor)}
+        for name, text in files.items():
+            _write(d / name, text + "\n", 0o444)
+
+
 def _build(root: Path, prof: Profile) -> None:
     libs, tools, modules = build_artifacts(prof)
     for d in ("etc", "tmp", "run", "usr/bin", "usr/lib/x86_64-linux-gnu"):
@@ -516,6 +535,7 @@ def _build(root: Path, prof: Profile) -> None:
                f"nvhook simulated GSP firmware {fw} for driver {prof.driver_version}\n")
     _install_devices(root, prof)
     _install_procfs(root, prof)
+    _install_sysfs(root, prof)
     if prof.graphics:
         _install_graphics(root, prof, modules)
     # As on a real host, /var/run is /run: NVIDIA's tools name the sockets /var/run/...

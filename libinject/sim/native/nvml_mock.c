@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvml.h"
+#include "nvml_sim.h"
 
 #ifndef SIM_DRIVER_VERSION
 #define SIM_DRIVER_VERSION "550.163.01"
@@ -38,47 +38,13 @@
 #define SIM_CUDA_VERSION 12040
 #endif
 
-#define EXPORT __attribute__((visibility("default")))
-#define MAX_GPUS 64
-#define MAX_MIG 64
-#define SIM_MAGIC_GPU 0x6e677075u
-#define SIM_MAGIC_MIG 0x6e6d6967u
-
-struct nvmlDevice_st {
-    unsigned int magic;          /* SIM_MAGIC_GPU or SIM_MAGIC_MIG */
-};
-
-typedef struct sim_gpu sim_gpu;
-
-typedef struct {
-    struct nvmlDevice_st h;
-    sim_gpu *parent;
-    unsigned int gi, ci;
-    char profile[32];            /* "3g.40gb" */
-    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    unsigned long long memory;   /* bytes */
-} sim_mig;
-
-struct sim_gpu {
-    struct nvmlDevice_st h;
-    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
-    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    unsigned int domain, bus, dev, minor;
-    unsigned int pci_device_id, pci_subsystem_id;
-    unsigned int brand, arch;
-    int cc_major, cc_minor;
-    unsigned long long memory;
-    int mig_capable, mig_mode;
-    unsigned int n_mig;
-    sim_mig mig[MAX_MIG];
-};
-
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int refcount;
 static char root[PATH_MAX];
 static char driver_version[64];
-static sim_gpu gpus[MAX_GPUS];
-static unsigned int n_gpus;
+sim_gpu sim_gpus[MAX_GPUS];
+unsigned int sim_n_gpus;
+
 
 static const struct { nvmlReturn_t code; const char *name, *text; } errors[] = {
     {NVML_SUCCESS, "SUCCESS", "Success"},
@@ -380,14 +346,14 @@ static nvmlReturn_t load_state(void)
     if (strcmp(driver_version, SIM_DRIVER_VERSION))
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
 
-    n_gpus = 0;
+    sim_n_gpus = 0;
     root_path(path, sizeof path, "proc/driver/nvidia/gpus");
     DIR *d = opendir(path);
     if (d) {
         struct dirent *e;
-        while ((e = readdir(d)) && n_gpus < MAX_GPUS) {
+        while ((e = readdir(d)) && sim_n_gpus < MAX_GPUS) {
             char p[PATH_MAX], node[PATH_MAX], rel[64];
-            sim_gpu *g = &gpus[n_gpus];
+            sim_gpu *g = &sim_gpus[sim_n_gpus];
             if (e->d_name[0] == '.')
                 continue;
             memset(g, 0, sizeof *g);
@@ -403,17 +369,19 @@ static nvmlReturn_t load_state(void)
             snprintf(p, sizeof p, "%s/%s/nvhook-sim", path, e->d_name);
             read_kv(p, sim_kv, g);
             filter_mig(g);
-            n_gpus++;
+            sim_n_gpus++;
         }
         closedir(d);
     }
-    qsort(gpus, n_gpus, sizeof *gpus, cmp_gpu);
+    qsort(sim_gpus, sim_n_gpus, sizeof *sim_gpus, cmp_gpu);
     /* parent pointers after sorting moved the structs */
-    for (unsigned int i = 0; i < n_gpus; i++)
-        for (unsigned int j = 0; j < gpus[i].n_mig; j++) {
-            gpus[i].mig[j].h.magic = SIM_MAGIC_MIG;
-            gpus[i].mig[j].parent = &gpus[i];
+    for (unsigned int i = 0; i < sim_n_gpus; i++)
+        for (unsigned int j = 0; j < sim_gpus[i].n_mig; j++) {
+            sim_gpus[i].mig[j].h.magic = SIM_MAGIC_MIG;
+            sim_gpus[i].mig[j].parent = &sim_gpus[i];
         }
+    for (unsigned int i = 0; i < sim_n_gpus; i++)
+        sim_mig_layout(&sim_gpus[i]);
     return NVML_SUCCESS;
 }
 
@@ -421,23 +389,23 @@ static nvmlReturn_t load_state(void)
 
 static sim_gpu *as_gpu(nvmlDevice_t h)
 {
-    for (unsigned int i = 0; i < n_gpus; i++)
-        if (h == &gpus[i].h)
-            return &gpus[i];
+    for (unsigned int i = 0; i < sim_n_gpus; i++)
+        if (h == &sim_gpus[i].h)
+            return &sim_gpus[i];
     return NULL;
 }
 
 static sim_mig *as_mig(nvmlDevice_t h)
 {
-    for (unsigned int i = 0; i < n_gpus; i++)
-        for (unsigned int j = 0; j < gpus[i].n_mig; j++)
-            if (h == &gpus[i].mig[j].h)
-                return &gpus[i].mig[j];
+    for (unsigned int i = 0; i < sim_n_gpus; i++)
+        for (unsigned int j = 0; j < sim_gpus[i].n_mig; j++)
+            if (h == &sim_gpus[i].mig[j].h)
+                return &sim_gpus[i].mig[j];
     return NULL;
 }
 
 /* Resolve a handle: the GPU (for a MIG handle, its parent) and the MIG device if any. */
-static nvmlReturn_t resolve(nvmlDevice_t h, sim_gpu **g, sim_mig **m)
+nvmlReturn_t sim_resolve(nvmlDevice_t h, sim_gpu **g, sim_mig **m)
 {
     if (!refcount)
         return NVML_ERROR_UNINITIALIZED;
@@ -451,15 +419,12 @@ static nvmlReturn_t resolve(nvmlDevice_t h, sim_gpu **g, sim_mig **m)
     return NVML_ERROR_INVALID_ARGUMENT;
 }
 
-#define RESOLVE(h)                                  \
-    sim_gpu *g;                                     \
-    sim_mig *m;                                     \
-    nvmlReturn_t rc_ = resolve((h), &g, &m);        \
-    if (rc_ != NVML_SUCCESS)                        \
-        return rc_;                                 \
-    (void)m
+nvmlReturn_t sim_initialized(void)
+{
+    return refcount ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+}
 
-static nvmlReturn_t put_str(char *buf, unsigned int length, const char *s)
+nvmlReturn_t sim_put_str(char *buf, unsigned int length, const char *s)
 {
     if (!buf)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -529,7 +494,7 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
 {
     if (!refcount)
         return NVML_ERROR_UNINITIALIZED;
-    return put_str(version, length, driver_version);
+    return sim_put_str(version, length, driver_version);
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
@@ -537,7 +502,7 @@ EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
     char buf[80];
     /* The real one is "<cuda major>.<driver version>", e.g. "12.550.163.01". */
     snprintf(buf, sizeof buf, "%d.%s", SIM_CUDA_VERSION / 1000, SIM_DRIVER_VERSION);
-    return put_str(version, length, buf);
+    return sim_put_str(version, length, buf);
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
@@ -561,7 +526,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
         return NVML_ERROR_UNINITIALIZED;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *count = n_gpus;
+    *count = sim_n_gpus;
     return NVML_SUCCESS;
 }
 
@@ -571,9 +536,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 {
     if (!refcount)
         return NVML_ERROR_UNINITIALIZED;
-    if (!device || index >= n_gpus)
+    if (!device || index >= sim_n_gpus)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *device = &gpus[index].h;
+    *device = &sim_gpus[index].h;
     return NVML_SUCCESS;
 }
 
@@ -588,14 +553,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
         return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned int i = 0; i < n_gpus; i++) {
-        if (!strcmp(gpus[i].uuid, uuid)) {
-            *device = &gpus[i].h;
+    for (unsigned int i = 0; i < sim_n_gpus; i++) {
+        if (!strcmp(sim_gpus[i].uuid, uuid)) {
+            *device = &sim_gpus[i].h;
             return NVML_SUCCESS;
         }
-        for (unsigned int j = 0; j < gpus[i].n_mig; j++)
-            if (!strcmp(gpus[i].mig[j].uuid, uuid)) {
-                *device = &gpus[i].mig[j].h;
+        for (unsigned int j = 0; j < sim_gpus[i].n_mig; j++)
+            if (!strcmp(sim_gpus[i].mig[j].uuid, uuid)) {
+                *device = &sim_gpus[i].mig[j].h;
                 return NVML_SUCCESS;
             }
     }
@@ -614,9 +579,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *busId, nvmlDevi
         if (sscanf(busId, "%x:%x", &bus, &dev) != 2)
             return NVML_ERROR_INVALID_ARGUMENT;
     }
-    for (unsigned int i = 0; i < n_gpus; i++)
-        if (gpus[i].domain == dom && gpus[i].bus == bus && gpus[i].dev == dev) {
-            *device = &gpus[i].h;
+    for (unsigned int i = 0; i < sim_n_gpus; i++)
+        if (sim_gpus[i].domain == dom && sim_gpus[i].bus == bus && sim_gpus[i].dev == dev) {
+            *device = &sim_gpus[i].h;
             return NVML_SUCCESS;
         }
     return NVML_ERROR_NOT_FOUND;
@@ -635,15 +600,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
     if (m) {
         char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE + 40];
         snprintf(buf, sizeof buf, "%s MIG %s", g->name, m->profile);
-        return put_str(name, length, buf);
+        return sim_put_str(name, length, buf);
     }
-    return put_str(name, length, g->name);
+    return sim_put_str(name, length, g->name);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     RESOLVE(device);
-    return put_str(uuid, length, m ? m->uuid : g->uuid);
+    return sim_put_str(uuid, length, m ? m->uuid : g->uuid);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)

@@ -1,0 +1,156 @@
+"""Present a simulated GPU host to any program, NVIDIA's tools included:
+
+    nvhook sim enter ROOT -- CMD [ARGS...]
+
+NVIDIA's tools (nvidia-smi, nvidia-container-cli, nvidia-ctk, go-nvml users) take a
+driver root for the driver's files but read the kernel's view from the real host's
+paths: /proc/driver/nvidia, /proc/devices, /sys/bus/pci/devices, /dev/nvidia*, and load
+libnvidia-ml.so.1 as the dynamic loader finds it. CMD runs in a private mount namespace
+(nothing propagates back to the host) where the simulated root's versions of those sit
+over the host's:
+
+  /proc/driver                    a tmpfs holding ROOT's nvidia/ and nvidia-caps/ (bound)
+  /proc/devices                   ROOT/proc/devices (the simulated majors)
+  /sys/bus/pci/devices            ROOT/sys/bus/pci/devices (the simulated GPUs only)
+  /dev                            a read-only overlay: ROOT/dev over the host's /dev (its
+                                  submounts, /dev/pts, /dev/shm, ..., bound back)
+  /usr/lib/<arch>-linux-gnu,      read-only overlays: ROOT's driver libraries and tools
+  /usr/bin                        over the host's (the host's own stay visible)
+  /lib/firmware/nvidia            ROOT's GSP firmware, where the host has that dir
+  /etc/ld.so.cache                one made in there by the host's ldconfig, listing both
+
+Only ROOT's files are read; nothing is written on the host. Root only (mounts).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from libinject.errors import NvhookError
+
+STAGE = "/proc/driver/.nvhook-stage"
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu", "usr/bin")
+LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
+# Characters overlayfs's option parser takes as separators in lowerdir.
+_OVERLAY_SPECIAL = (",", ":", "\\")
+
+
+def check_root(root: str) -> str:
+    """ROOT as an absolute path, or NvhookError naming what is wrong with it."""
+    path = os.path.abspath(root)
+    if not os.path.isdir(path):
+        raise NvhookError(f"sim enter: {path}: not a directory")
+    if not os.path.isfile(os.path.join(path, "proc/driver/nvidia/version")):
+        raise NvhookError(f"sim enter: {path}: not a driver root (no proc/driver/nvidia/version)")
+    if any(c in path for c in _OVERLAY_SPECIAL):
+        raise NvhookError(f"sim enter: {path}: ',', ':' and '\\' cannot be in the path (overlayfs options)")
+    return path
+
+
+def _submounts(under: str) -> list[str]:
+    """Mount points strictly below `under` that are not below another of them (binding
+    each back recursively brings the nested ones along)."""
+    from libinject.linux import mountinfo
+
+    points = sorted({m.mountpoint for m in mountinfo.read() if m.mountpoint.startswith(under + "/")})
+    top: list[str] = []
+    for p in points:
+        if not any(p.startswith(t + "/") for t in top):
+            top.append(p)
+    return top
+
+
+def _overlay(native, lower_top: str, target: str) -> None:
+    native.mount("overlay", target, "overlay", native.MS_RDONLY, f"lowerdir={lower_top}:{target}")
+
+
+def _setup(root: str) -> None:
+    from libinject.linux import native
+
+    native.unshare(native.CLONE_NEWNS)
+    # Nothing done here may reach the host's namespace.
+    native.mount(None, "/", None, native.MS_REC | native.MS_PRIVATE)
+    dev_subs = _submounts("/dev")
+    native.mount("tmpfs", "/proc/driver", "tmpfs", native.MS_NOSUID | native.MS_NODEV | native.MS_NOEXEC,
+                 "mode=0755")
+    # /dev: the host's /dev (with its submounts) under ROOT's; staged in the tmpfs so
+    # that the overlay's lower layer is the host's /dev, not the overlay itself.
+    os.mkdir(STAGE)
+    native.mount("/dev", STAGE, None, native.MS_BIND | native.MS_REC)
+    native.mount("overlay", "/dev", "overlay", native.MS_RDONLY, f"lowerdir={root}/dev:{STAGE}")
+    for sub in dev_subs:
+        if os.path.isdir(sub) or os.path.exists(sub):
+            native.mount(STAGE + sub[len("/dev"):], sub, None, native.MS_BIND | native.MS_REC)
+    native.umount2(STAGE, native.MNT_DETACH)
+    os.rmdir(STAGE)
+    for name in ("nvidia", "nvidia-caps"):
+        src = f"{root}/proc/driver/{name}"
+        if os.path.isdir(src):
+            os.mkdir(f"/proc/driver/{name}")
+            native.mount(src, f"/proc/driver/{name}", None, native.MS_BIND | native.MS_REC)
+    if os.path.isfile(f"{root}/proc/devices"):
+        native.mount(f"{root}/proc/devices", "/proc/devices", None, native.MS_BIND)
+    pci = f"{root}/sys/bus/pci/devices"
+    if os.path.isdir(pci) and os.path.isdir("/sys/bus/pci/devices"):
+        native.mount(pci, "/sys/bus/pci/devices", None, native.MS_BIND | native.MS_REC)
+    for rel in LIB_DIRS:
+        if os.path.isdir(f"{root}/{rel}") and os.path.isdir(f"/{rel}"):
+            _overlay(native, f"{root}/{rel}", f"/{rel}")
+    fw = f"{root}/lib/firmware/nvidia"
+    if os.path.isdir(fw) and os.path.isdir("/lib/firmware"):
+        target = "/lib/firmware/nvidia"
+        if os.path.isdir(target):
+            _overlay(native, fw, target)
+        else:
+            _overlay(native, f"{root}/lib/firmware", "/lib/firmware")
+    _ldcache(native)
+
+
+def _ldcache(native) -> None:
+    """A cache of what the host's ldconfig finds now (host and simulated libraries),
+    made in the private tmpfs and bound over /etc/ld.so.cache (-X: no links written)."""
+    ldconfig = next((p for p in LDCONFIG if os.access(p, os.X_OK)), None)
+    if ldconfig is None or not os.path.isfile("/etc/ld.so.cache"):
+        return
+    cache = "/proc/driver/.ld.so.cache"
+    r = subprocess.run([ldconfig, "-X", "-C", cache], capture_output=True, text=True, env={"PATH": "/usr/sbin:/sbin"})
+    if r.returncode != 0 or not os.path.isfile(cache):
+        raise NvhookError(f"sim enter: {ldconfig} -C failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    native.mount(cache, "/etc/ld.so.cache", None, native.MS_BIND)
+    os.unlink(cache)
+
+
+def enter(root: str, argv: list[str]) -> int:
+    """Run argv with the simulated host at root presented over the host's paths; its
+    exit status (128+N for a signal)."""
+    if not argv:
+        raise NvhookError("sim enter: no command given (nvhook sim enter ROOT -- CMD ...)")
+    root = check_root(root)
+    if os.geteuid() != 0:
+        raise NvhookError("sim enter: needs root (it mounts in a private mount namespace)")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child sets up its own namespace and becomes CMD
+        os.close(r)
+        msg = ""
+        try:
+            _setup(root)
+            try:
+                os.execvp(argv[0], argv)   # w is close-on-exec: the parent then reads nothing
+            except OSError as e:
+                msg = f"sim enter: {argv[0]}: {e.strerror}"
+        except NvhookError as e:
+            msg = str(e)
+        except OSError as e:   # a mount or file in the set-up
+            msg = f"sim enter: {e.filename or root}: {e.strerror}"
+        except BaseException as e:   # reported by the parent: one line, no traceback
+            msg = f"sim enter: {type(e).__name__}: {e}"
+        os.write(w, msg.encode(errors="replace")[:4000])
+        os._exit(127)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if err:
+        raise NvhookError(err)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
