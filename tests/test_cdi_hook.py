@@ -246,3 +246,116 @@ def test_bad_entries_say_one_line(argv, why):
     lines = r.stderr.splitlines()
     # ours: one line; argparse's (exit 2): its usage, then its one error line
     assert why in lines[-1] and (r.returncode == 2 or len(lines) == 1), r.stderr
+
+
+# -- served (`nvhook serve`) ------------------------------------------------------------------
+
+@pytest.fixture
+def cdi_server(hook_config):
+    """`nvhook serve` on SOCKET (the served spec's hooks try it)."""
+    import shutil
+
+    from support.serve import Serve
+
+    SOCKET.parent.parent.mkdir(mode=0o755, exist_ok=True)
+    s = Serve(hook_config, SOCKET)
+    try:
+        yield s
+    finally:
+        assert s.stop() == 0, s.log()
+        shutil.rmtree(SOCKET.parent.parent, ignore_errors=True)
+
+
+def test_served_at_create_runtime(tmp_path, specs, a100_host, gpu_uuids, cdi_server, no_leaked_mounts):
+    """runc in the service's namespaces: the front hands `cdi-hook createRuntime` to the
+    service, whose worker does every step (no Python started for the container), and the
+    container sees what the exec'd hook gives it."""
+    for _ in range(2):
+        with cdi_container(tmp_path, specs["served"]) as c:
+            r = c.run()
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+    assert cdi_server.statuses(2) == [0, 0], cdi_server.log()
+    assert "imported after fork" not in cdi_server.log()
+    assert "declined" not in cdi_server.log()
+
+
+def test_served_failure_is_the_hooks_one_line(tmp_path, specs, cdi_server):
+    """A served request the hook refuses (its entry run at createContainer by a confused
+    engine is not even sent: a createContainer stage never is; here a bad link) fails
+    the create with the worker's one line, as the exec'd hook would."""
+    from libinject.apply.spec import apply_cdi
+
+    c = RuncContainer(tmp_path, args=["true"], env=ENV)
+    edits = cdi_edits(specs["served"], "1")
+    apply_cdi(c.config, edits)
+    entry = c.config["hooks"]["createRuntime"][0]
+    i = entry["args"].index("--link")
+    entry["args"][i + 1] = "libcuda.so.1::relative/libcuda.so"
+    with c:
+        with pytest.raises(RuncError) as e:
+            c.create()
+    assert "nvhook: invalid --link 'libcuda.so.1::relative/libcuda.so'" in str(e.value), e.value
+    assert cdi_server.statuses(1) == [1], cdi_server.log()
+
+
+def test_outside_the_service_namespace_the_front_does_it_itself(tmp_path, specs, a100_host,
+                                                                gpu_uuids, cdi_server):
+    """runc in a private mount namespace (v2 mode): the service refuses the peer, the
+    front execs Python, the container is the same."""
+    with cdi_container(tmp_path, specs["served"], mode="v2") as c:
+        r = c.run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+    assert cdi_server.statuses() == [], cdi_server.log()
+
+
+def test_served_state_naming_another_process_is_refused(tmp_path, rootfs, cdi_server):
+    """Attack on the service: a root peer in its namespaces (so one it serves) sends the
+    CDI request with a state naming a process that is not a child of the peer's parent
+    (a process in a mount namespace of its own). The worker refuses it with one line
+    before entering anything; that namespace and the rootfs are untouched."""
+    from support import serve_client
+
+    victim = subprocess.Popen(["unshare", "-m", "--fork", "--propagation", "private", "sleep", "60"])
+    try:
+        for _ in range(500):
+            kids = Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()
+            if kids:
+                break
+            os.sched_yield()
+        [pid] = map(int, kids)
+        victim_mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+        bundle = tmp_path / "bundle"
+        bundle.mkdir()
+        (bundle / "config.json").write_text(json.dumps(
+            {"ociVersion": "1.0.2", "process": {"args": ["true"]}, "root": {"path": str(rootfs)}}))
+        state = json.dumps({"ociVersion": "1.0.2", "id": "forged", "status": "creating", "pid": pid,
+                            "bundle": str(bundle)}).encode()
+        ours = _ours(rootfs)
+        out: list[bytes] = []
+        code = serve_client.call(str(SOCKET), ["nvhook-hook", "--socket", str(SOCKET), "cdi-hook",
+                                               "createRuntime", "--link",
+                                               "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"],
+                                 state, output=out)
+        assert code == 1, (code, out, cdi_server.log())
+        assert out == [f"nvhook: cdi-hook createRuntime: container process {pid} is not a child of "
+                       "the runtime that ran the hook (not run as a createRuntime hook?)\n".encode()]
+        assert _ours(rootfs) == ours
+        assert Path(f"/proc/{pid}/mountinfo").read_text() == victim_mounts
+    finally:
+        victim.kill()
+        victim.wait(30)
+
+
+def test_create_container_entries_are_never_sent(tmp_path, a100_host, gpu_uuids, cdi_server):
+    """`--hook-stage createContainer` with the service's socket: the front never asks
+    (that stage runs in the container's namespaces); the exec'd hook does the work."""
+    d = tmp_path / "specs"
+    d.mkdir()
+    generate(a100_host, d / "nvidia.json", "--hook-stage", "createContainer", "--hook-socket", str(SOCKET))
+    with cdi_container(tmp_path, d) as c:
+        r = c.run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+    assert cdi_server.statuses() == [] and "declined" not in cdi_server.log(), cdi_server.log()
