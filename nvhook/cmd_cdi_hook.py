@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         _procfs(q, False)
         _links(q)
         _ldcache(q)
+        q.add_argument("--library", action="append", default=[], metavar="HOST::CONTAINER",
+                       help="a library the spec mounts into a --folder (its host file is read "
+                            "for the ld cache)")
         stages.append(q)
     s = sub.add_parser("create-symlinks", help="(older specs) create symlinks in the container")
     _links(s)

@@ -120,7 +120,12 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks]
     assert [v for f, v in flags if f == "--folder"] == ["/usr/lib/x86_64-linux-gnu",
                                                        "/usr/lib/i386-linux-gnu"]
-    assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder"}
+    # the libraries the spec mounts into those folders, for the in-process ld cache merge
+    lib_mounts = [f"{m.host_path}::{m.container_path}" for m in base.mounts if m.kind == "library"
+                  and m.container_path.rpartition("/")[0] in ("/usr/lib/x86_64-linux-gnu",
+                                                              "/usr/lib/i386-linux-gnu")]
+    assert [v for f, v in flags if f == "--library"] == lib_mounts and lib_mounts
+    assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder", "--library"}
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     # a full GPU: its node only; a MIG device: parent node + gi/ci access caps
     assert [n["path"] for n in by_name["1"]["deviceNodes"]] == ["/dev/nvidia1"]

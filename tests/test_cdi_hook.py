@@ -102,7 +102,11 @@ def test_generated_spec_has_one_hook_entry(a100_host, tmp_path):
     assert hook["hookName"] == "createRuntime" and hook["path"] == hookenv.ensure_front()
     assert hook["args"][:3] == ["nvhook-hook", "cdi-hook", "createRuntime"]
     assert hook["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-    assert {"--procfs-dir", "--link", "--folder"} <= set(hook["args"])
+    assert {"--procfs-dir", "--link", "--folder", "--library"} <= set(hook["args"])
+    libs = [a for a in hook["args"] if "::" in a and a.startswith("/")]
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01" in [a.split("::")[1] for a in libs]
+    mounts = {(m["hostPath"], m["containerPath"]) for m in spec["containerEdits"]["mounts"]}
+    assert libs and all(tuple(a.split("::")) in mounts for a in libs)
     assert not any(d["containerEdits"].get("hooks") for d in spec["devices"])
     assert list(official_validator().iter_errors(spec)) == []
     other = generate(a100_host, tmp_path / "b.json", "--hook-stage", "createContainer",
@@ -126,13 +130,37 @@ def test_generate_refuses_bad_hook_options(a100_host, tmp_path, bad, why):
 
 # -- exec'd (no service) -------------------------------------------------------------------
 
+def image_cache(rootfs: Path, cache: bool) -> None:
+    """An image whose ld.so.cache (if `cache`: made by ldconfig -r, as real images have
+    one) is stale: /opt/extra, listed in its ld.so.conf after the cache was made, holds
+    a library the cache does not name. ldconfig (a full rescan) adds it; the in-process
+    merge takes the image's cache as it is: ldconfig_ran() tells which ran."""
+    if cache:
+        subprocess.run(["/sbin/ldconfig", "-r", str(rootfs)], check=True, timeout=60)
+    (rootfs / "opt/extra").mkdir(parents=True)
+    (rootfs / "opt/extra/libresolv.so.2").write_bytes(
+        (rootfs / "lib/x86_64-linux-gnu/libresolv.so.2").read_bytes())
+    (rootfs / "etc/ld.so.conf.d/extra.conf").write_text("/opt/extra\n")
+
+
+def ldconfig_ran(rootfs: Path) -> bool:
+    return b"/opt/extra/libresolv.so.2" in (rootfs / "etc/ld.so.cache").read_bytes()
+
+
+@pytest.mark.parametrize("cache", ["image cache", "no cache"])
 @pytest.mark.parametrize("mode", ["v1", "v2"])
-def test_runc_runs_the_entry_at_create_runtime(tmp_path, specs, a100_host, gpu_uuids, mode,
+def test_runc_runs_the_entry_at_create_runtime(tmp_path, specs, a100_host, gpu_uuids, mode, cache,
                                                no_leaked_mounts):
+    """Exec'd; the spec's libraries (--library) merged into the image's ld.so.cache
+    in-process where it has one (ldconfig not run: the stale entry stays out), ldconfig
+    where not."""
     with cdi_container(tmp_path, specs["none"], mode=mode) as c:
+        image_cache(c.rootfs, cache == "image cache")
         r = c.run()
+        ran_ldconfig = ldconfig_ran(c.rootfs)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+    assert ran_ldconfig == (cache == "no cache")
 
 
 def test_crun_runs_the_entry_at_create_runtime(tmp_path, specs, a100_host, gpu_uuids):
@@ -237,6 +265,7 @@ def test_a_state_naming_another_process_is_refused(tmp_path, rootfs):
     (["--link", "nolink"], "invalid --link 'nolink'"),
     (["--folder", "relative"], "invalid --folder 'relative'"),
     (["--rootfs", "/x"], "takes the container from its state: no --rootfs"),
+    (["--library", "lib.so::/usr/lib/lib.so"], "invalid --library 'lib.so::/usr/lib/lib.so'"),
     (["--bogus", "x"], "unrecognized arguments"),
 ])
 def test_bad_entries_say_one_line(argv, why):
@@ -270,11 +299,14 @@ def test_served_at_create_runtime(tmp_path, specs, a100_host, gpu_uuids, cdi_ser
     """runc in the service's namespaces: the front hands `cdi-hook createRuntime` to the
     service, whose worker does every step (no Python started for the container), and the
     container sees what the exec'd hook gives it."""
-    for _ in range(2):
+    for cache in (False, True):
         with cdi_container(tmp_path, specs["served"]) as c:
+            image_cache(c.rootfs, cache)
             r = c.run()
+            ran_ldconfig = ldconfig_ran(c.rootfs)
         assert r.returncode == 0, r.stdout + r.stderr
         assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+        assert ran_ldconfig != cache        # merged in-process where the image has a cache
     assert cdi_server.statuses(2) == [0, 0], cdi_server.log()
     assert "imported after fork" not in cdi_server.log()
     assert "declined" not in cdi_server.log()

@@ -6,7 +6,7 @@ edits, with an explicit env, that does every step those edits need in one call (
 process, one namespace entry, one journal, one ldconfig):
 
   cdi-hook createRuntime [--procfs-dir DIR [--mig-minors F]] [--link TARGET::LINK ...]
-                         [--folder DIR ...] [--ldconfig @PATH]
+                         [--folder DIR ... [--library HOST::CONTAINER ...]] [--ldconfig @PATH]
 
 - --procfs-dir: a read-only tmpfs over /proc/driver/nvidia with the host's params
   (ModifyDeviceFiles: 0), version and registry, and the gpus/<busid> directories and MIG
@@ -15,7 +15,12 @@ process, one namespace entry, one journal, one ldconfig):
   rules allow). A CDI spec cannot express this as mounts: runc refuses OCI mounts under
   /proc.
 - --link TARGET::LINK: symlinks in the container (LINK -> TARGET).
-- --folder DIR [--ldconfig @/sbin/ldconfig]: the container's ld cache.
+- --folder DIR [--ldconfig @/sbin/ldconfig]: the container's ld cache. --library names
+  the libraries the spec mounts into those folders (host path::container path): their
+  host files' ELF headers are merged into the image's cache in-process
+  (libinject.apply.ldcache_merge, as the prestart hook does for the libraries it mounts)
+  instead of running the sandboxed ldconfig, which stays the fallback wherever the
+  merge does not cover the image.
 
 The stage is in the argv because it decides where the work is done, and the hook entry
 (the spec's hookName) is what says it:
@@ -67,7 +72,8 @@ SINGLE = ("create-symlinks", "update-ldcache", "mask-procfs")
 DEFAULT_LDCONFIG = "@/sbin/ldconfig"
 # STAGE's flags (each takes a value; --link and --folder repeat)
 _FLAGS = {"--procfs-dir": "procfs_dir", "--mig-minors": "mig_minors", "--link": "link",
-          "--folder": "folder", "--ldconfig": "ldconfig"}
+          "--folder": "folder", "--ldconfig": "ldconfig", "--library": "library"}
+_REPEATED = ("link", "folder", "library")
 
 
 def parse_argv(argv: list[str], ns):
@@ -79,7 +85,7 @@ def parse_argv(argv: list[str], ns):
     if not argv or argv[0] not in STAGES:
         return None
     ns.hook = argv[0]
-    ns.link, ns.folder = [], []
+    ns.link, ns.folder, ns.library = [], [], []
     ns.procfs_dir = ns.mig_minors = ns.rootfs = ""
     ns.ldconfig = DEFAULT_LDCONFIG
     i = 1
@@ -87,7 +93,7 @@ def parse_argv(argv: list[str], ns):
         name = _FLAGS.get(argv[i])
         if name is None or i + 1 >= len(argv) or argv[i + 1].startswith("-"):
             return None
-        if name in ("link", "folder"):
+        if name in _REPEATED:
             getattr(ns, name).append(argv[i + 1])
         else:
             setattr(ns, name, argv[i + 1])     # (argparse too: the last one wins)
@@ -104,6 +110,21 @@ def _rootfs(given: str, cwd: str | None) -> tuple[str, dict]:
     bundle = oci_state.bundle_dir(state, cwd)
     spec = oci_state.load_config(bundle)
     return oci_state.rootfs_path(spec, bundle), spec
+
+
+def parse_libraries(values: list[str]):
+    """--library HOST::CONTAINER values as MountEdits of the runtime's (never mounted by
+    us: their host sources are read for the ld cache merge)."""
+    from libinject.errors import NvhookError
+    from libinject.plan.edits import RUNTIME_LIBRARY, MountEdit
+
+    out = []
+    for v in values:
+        host, sep, path = v.partition("::")
+        if not sep or not host.startswith("/") or not path.startswith("/"):
+            raise NvhookError(f"invalid --library {v!r}: expected /host/path::/container/path")
+        out.append(MountEdit(host_path=host, container_path=path, kind=RUNTIME_LIBRARY))
+    return tuple(out)
 
 
 def parse_links(values: list[str]):
@@ -165,6 +186,7 @@ def _check_flags(args) -> None:
     if bad:
         raise NvhookError(f"invalid --folder {bad[0]!r}: not an absolute container path")
     parse_links(getattr(args, "link", ()))
+    parse_libraries(getattr(args, "library", ()))
     if args.hook in STAGES and getattr(args, "rootfs", ""):
         raise NvhookError(f"cdi-hook {args.hook} takes the container from its state: no --rootfs")
 
@@ -197,9 +219,10 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
     spec = oci_state.load_config(bundle)
     rootfs = oci_state.rootfs_path(spec, bundle)
     procfs = procfs_edits(spec, args.procfs_dir, args.mig_minors) if args.procfs_dir else None
+    folders = tuple(dict.fromkeys(args.folder))
     edits = ContainerEdits(procfs=procfs.procfs if procfs is not None else None,
-                           symlinks=parse_links(args.link),
-                           ldconfig_folders=tuple(dict.fromkeys(args.folder)))
+                           symlinks=parse_links(args.link), ldconfig_folders=folders,
+                           mounts=parse_libraries(args.library) if folders else ())
     if edits.procfs is None and not edits.symlinks and not edits.ldconfig_folders:
         return 0
     # The image's data comes next (its ld cache, its tree): bounded, as the hook's start.
