@@ -19,7 +19,11 @@
  * exception is not a hook: `nvhook-hook serve` (an administrator's systemd unit, never a
  * hook entry) gets systemd's NOTIFY_SOCKET passed on, see exec_python().
  *
- * A prestart hook goes first to `nvhook serve` if one listens on --socket (default
+ * A CDI spec's `cdi-hook createRuntime|createContainer` is always handed over (only GPU
+ * containers have one): its state read here, as a hook stage's.
+ *
+ * A prestart hook, and `cdi-hook createRuntime` (both run in the runtime's namespaces),
+ * go first to `nvhook serve` if one listens on --socket (default
  * NVHOOK_SOCKET_DEFAULT; "none" turns it off) and the listener is uid 0 in our own mount
  * and pid namespaces (its hello carries fds of them; a socket a container bound is never
  * spoken to): the front sends its argv,
@@ -320,6 +324,33 @@ static ssize_t recv_retry(int s, char *buf, size_t len)
     return n;
 }
 
+/* The argument after the command (cdi-hook's own subcommand), else NULL. */
+static const char *subcommand(void)
+{
+    for (int i = 1; i < g_argc; i++) {
+        if (is_one_of(g_argv[i], VALUED)) {
+            i++;
+            continue;
+        }
+        if (g_argv[i][0] == '-')
+            continue;
+        return i + 1 < g_argc ? g_argv[i + 1] : NULL;
+    }
+    return NULL;
+}
+
+/* Is this a stage the runtime runs in its own namespaces, where the service may take it:
+ * prestart, or `cdi-hook createRuntime` (libinject.runtime.hook.served_stage decides the
+ * same from the argv the service gets). A createContainer hook runs in the container's
+ * namespaces, which the service never enters. */
+static int served_stage(const char *cmd)
+{
+    if (strcmp(cmd, "prestart") == 0)
+        return 1;
+    const char *sub = subcommand();
+    return strcmp(cmd, "cdi-hook") == 0 && sub && strcmp(sub, "createRuntime") == 0;
+}
+
 /* Hand the request to `nvhook serve`. Returns if it is not there or does not take it
  * (the caller then execs Python); once it has taken it, exits with its status. */
 static void try_serve(const char *cmd)
@@ -328,10 +359,8 @@ static void try_serve(const char *cmd)
     if (!path || !*path)
         path = NVHOOK_SOCKET_DEFAULT;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    /* prestart only: a createContainer hook runs in the container's namespaces, which the
-     * service never enters. */
     if (strcmp(path, "none") == 0 || strlen(path) >= sizeof addr.sun_path || !g_state ||
-        strcmp(cmd, "prestart") != 0)
+        !served_stage(cmd))
         return;
     strcpy(addr.sun_path, path);
 
@@ -500,7 +529,11 @@ int main(int argc, char **argv)
     const char *cmd = command();
     int hook = cmd && (strcmp(cmd, "prestart") == 0 || strcmp(cmd, "createContainer") == 0);
     int noop = cmd && (strcmp(cmd, "poststart") == 0 || strcmp(cmd, "poststop") == 0);
-    if (!hook && !noop)
+    /* A CDI spec's hook (`cdi-hook STAGE ...`): always Python's work (only GPU containers
+     * have it), served where the stage allows. The older one-step hooks go as before. */
+    const char *sub = cmd && strcmp(cmd, "cdi-hook") == 0 ? subcommand() : NULL;
+    int cdi = sub && (strcmp(sub, "createRuntime") == 0 || strcmp(sub, "createContainer") == 0);
+    if (!hook && !noop && !cdi)
         exec_python(PY_MAIN, cmd && strcmp(cmd, "serve") == 0); /* any other command: nvhook itself */
 
     /* The runtime writes the state and closes stdin; one that never closes it must not
@@ -511,6 +544,8 @@ int main(int argc, char **argv)
     alarm(0);
     if (noop)
         return 0;
+    if (cdi)
+        hand_over();
     if (!g_state || g_state_len > MAX_STATE || config_widens())
         hand_over();
 

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "poststop": ("nvhook.cmd_hook", "OCI hook stage (does nothing)"),
     "hooks": ("nvhook.cmd_hooks", "print or install the hooks.d configs for CRI-O and podman"),
     "cdi": ("nvhook.cmd_cdi", "generate, list and validate CDI specs"),
-    "cdi-hook": ("nvhook.cmd_cdi_hook", "hooks that CDI specs call (create-symlinks, update-ldcache)"),
+    "cdi-hook": ("nvhook.cmd_cdi_hook", "the hook CDI specs call (createRuntime: every step in one call)"),
     "runtime": ("nvhook.cmd_runtime", "runtime shim in front of runc/crun"),
     "sim": ("nvhook.cmd_sim", "build simulated GPU hosts"),
     "serve": ("nvhook.cmd_serve", "serve the OCI hook from a warm process (optional)"),
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_guarded(_isolate, argv)
     # A hook stage as runtimes call it skips argparse (start-up time); anything unusual
     # goes through argparse, which parses and reports it.
-    hook = parse_argv(argv) if argv and argv[-1] in HOOK_STAGES else None
+    hook = parse_argv(argv) if argv and (argv[-1] in HOOK_STAGES or "cdi-hook" in argv) else None
     if hook is not None:
         return _run_guarded(_module(COMMANDS[hook.command][0]).run, hook)
     name = _find_command(argv)

@@ -95,7 +95,14 @@ def _spec_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--hook-path", default=None,
                    help="nvhook executable the spec's hooks run (default: this one)")
     g.add_argument("--no-mask-procfs", action="store_true",
-                   help="leave /proc/driver/nvidia unmasked (no mask-procfs hook)")
+                   help="leave /proc/driver/nvidia unmasked")
+    g.add_argument("--hook-stage", choices=("createRuntime", "createContainer"), default="createRuntime",
+                   help="the stage of the spec's hook (default createRuntime: run in the runtime's "
+                        "namespaces, where `nvhook serve` takes it; createContainer: for engines "
+                        "that run createRuntime hooks elsewhere, never served)")
+    g.add_argument("--hook-socket", default=None, metavar="PATH",
+                   help="the hook service's socket the spec's hook tries ('none': never; default: "
+                        "the config's [nvhook] socket)")
     g.add_argument("--device-id", "--device-ids", dest="device_id", action="append", default=[],
                    metavar="IDS",
                    help="gpu mode: the devices to generate (repeat or comma list): all (default), "
@@ -157,7 +164,9 @@ def _spec_maker(args: argparse.Namespace):
     fmt = args.format or (cdi.format_of(args.output) if args.output else "json")
     hook = cdi.HookOptions(path=args.hook_path or cdi.default_hook_path(),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
-                           config=args.config or "")
+                           config=args.config or "", stage=args.hook_stage,
+                           socket=cdi.hook_socket(cfg, args.hook_socket))
+    cdi.check_hook_options(hook)
 
     def renderer(mode: str):
         def render(driver) -> str:

@@ -109,15 +109,23 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
         m.container_path for m in base.mounts if not m.container_path.startswith("/proc/")]
     assert {(n["path"], n["major"], n["minor"]) for n in top["deviceNodes"]} == {
         (d.path, d.major, d.minor) for d in base.device_nodes}
-    hooks = top["hooks"]
-    assert [h["args"][2] for h in hooks] == ["mask-procfs", "create-symlinks", "update-ldcache"]
-    for h in hooks:
-        assert h["hookName"] == "createContainer" and os.path.isabs(h["path"])
-        assert h["env"] and all(e.startswith("PATH=") for e in h["env"])
-    links = [a for a in hooks[1]["args"] if "::" in a]
-    assert links == [f"{s.target}::{s.link}" for s in base.symlinks]
-    assert hooks[2]["args"][3:] == ["--folder", "/usr/lib/x86_64-linux-gnu",
-                                    "--folder", "/usr/lib/i386-linux-gnu"]
+    # one hook entry does every step (issue 24: one exec'd or served call, not three)
+    [hook] = top["hooks"]
+    assert hook["hookName"] == "createRuntime" and os.path.isabs(hook["path"])
+    assert hook["env"] and all(e.startswith("PATH=") for e in hook["env"])
+    args = hook["args"]
+    assert args[1:3] == ["cdi-hook", "createRuntime"]
+    flags = list(zip(args[3::2], args[4::2]))
+    assert flags[0] == ("--procfs-dir", driver.procfs_dir)
+    assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks]
+    assert [v for f, v in flags if f == "--folder"] == ["/usr/lib/x86_64-linux-gnu",
+                                                       "/usr/lib/i386-linux-gnu"]
+    # the libraries the spec mounts into those folders, for the in-process ld cache merge
+    lib_mounts = [f"{m.host_path}::{m.container_path}" for m in base.mounts if m.kind == "library"
+                  and m.container_path.rpartition("/")[0] in ("/usr/lib/x86_64-linux-gnu",
+                                                              "/usr/lib/i386-linux-gnu")]
+    assert [v for f, v in flags if f == "--library"] == lib_mounts and lib_mounts
+    assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder", "--library"}
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     # a full GPU: its node only; a MIG device: parent node + gi/ci access caps
     assert [n["path"] for n in by_name["1"]["deviceNodes"]] == ["/dev/nvidia1"]

@@ -202,3 +202,48 @@ def test_annotation_gated_hook_steps_aside_where_the_engine_applied_cdi(cdi_setu
     listed = re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)$", r.stdout, re.M)
     assert listed == [driver.info.gpus[1].uuid]
     assert "NVIDIA_VISIBLE_DEVICES=void: nothing to do" in (tmp_path / "hook.log").read_text()
+
+
+def test_podman_cdi_served_by_the_hook_service(sim_host, tmp_path, hook_config):
+    """podman with `nvhook serve` beside it (the same mount namespace, as on a node):
+    the spec's one createRuntime hook is served (the service's log has its status), the
+    container is what the exec'd hook makes; a second podman in a namespace of its own
+    (the service refuses the peer) falls back to exec'ing Python, same container."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from libinject.discover.driver import discover
+    from libinject.sim.rootfs import build_rootfs
+    from support.podman import CdiNamespace
+    from support.serve import Serve
+
+    host = sim_host("a100x8")
+    gpus = discover(str(host), snapshot=False).info.gpus
+    sockdir = Path(tempfile.mkdtemp(prefix="nvp", dir="/tmp"))
+    sock = sockdir / "run/hook.sock"
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "--hook-socket", str(sock),
+             "-o", str(specs / "nvidia.yaml")])
+    assert r.returncode == 0, r.stderr
+    rootfs = build_rootfs(tmp_path / "rootfs")
+    minors = " ".join(str(g.minor) for g in gpus)
+    script = PROBE.format(minors=minors)
+    with state_dir() as state, CdiNamespace(state / "ns", specs) as ns:
+        server = Serve(hook_config, sock, wrap=ns.wrap)
+        try:
+            for i, where in enumerate(("served", "exec'd")):
+                p = Podman(state / f"s{i}")
+                r = p.run(rootfs, ["sh", "-c", script], devices=["nvidia.com/gpu=1"],
+                          **({"ns": ns} if where == "served" else {"cdi_specs": specs}))
+                assert r.returncode == 0, (where, r.stdout + r.stderr)
+                listed = re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)$", r.stdout, re.M)
+                assert listed == [gpus[1].uuid], (where, r.stdout)
+                assert open_verdicts(r.stdout) == {g.minor: ("ENXIO" if g.index == 1 else "EPERM")
+                                                   for g in gpus}, where
+                assert r.stdout.split("\n")[-2] == gpus[1].procfs_name, (where, r.stdout)
+                assert server.statuses(1) == [0], (where, server.log())   # the first one only
+        finally:
+            assert server.stop() == 0, server.log()
+            shutil.rmtree(sockdir, ignore_errors=True)

@@ -77,7 +77,8 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
         c.create()
         c.start()
         spec = json.loads((c.bundle / "config.json").read_text())
-        assert any(h["args"][2] == "create-symlinks" for h in spec["hooks"]["createContainer"])
+        assert any(h["args"][1:3] == ["cdi-hook", "createRuntime"] and "--link" in h["args"]
+                   for h in spec["hooks"]["createRuntime"])
         results["shim-cdi"] = split_opens(c.exec("sh", "-c", script).stdout)
 
     # 4. podman with the same spec

@@ -824,7 +824,7 @@ def _generate(host: Path, tmp_path: Path, *args: str) -> dict:
 def _drm_of(edits: dict) -> tuple[list[int], list[list[str]]]:
     nodes = [n["minor"] for n in edits.get("deviceNodes", ()) if n["path"].startswith("/dev/dri/")]
     links = [[a for a in h["args"] if "::" in a] for h in edits.get("hooks", ())
-             if "create-symlinks" in h["args"] and any("/dev/dri/" in a for a in h["args"])]
+             if "cdi-hook" in h["args"] and any("/dev/dri/" in a for a in h["args"])]
     return nodes, links
 
 
@@ -919,7 +919,7 @@ def test_cdi_hook_by_path_through_image_symlink(rootfs, tmp_path, present):
 def test_podman_cdi_gpu1_gets_only_its_drm_nodes(gfx_host, tmp_path):
     """podman applies the generated spec for nvidia.com/gpu=1: the container has GPU 1's
     DRM nodes (ENXIO), GPU 0's made by mknod inside it are denied (EPERM), and the
-    per-device create-symlinks hook made only GPU 1's by-path links."""
+    per-device cdi-hook made only GPU 1's by-path links."""
     from libinject.sim.rootfs import build_rootfs
     from support.podman import Podman, state_dir
 

@@ -11,12 +11,16 @@ to the device. Beside the GPU spec, as nvidia-ctk's --mode: an IMEX channel spec
 NVIDIA_MIG_CONFIG_DEVICES / NVIDIA_MIG_MONITOR_DEVICES; and, asked for, the driver-only
 device nvidia.com/gpu=none (NVIDIA_VISIBLE_DEVICES=none).
 
-What a CDI spec cannot say directly becomes a createContainer hook calling our own
-`nvhook cdi-hook` (explicit env, paths resolved inside the rootfs by libinject.apply.rootfs):
-symlinks (`create-symlinks --link TARGET::LINK`), the ld cache (`update-ldcache
---folder DIR`) and the /proc/driver/nvidia masking (`mask-procfs`: runc refuses OCI
-mounts under /proc, so a spec cannot mount it; the hook picks the GPU dirs from the
-container's own device list, so one spec-level hook serves every device combination).
+What a CDI spec cannot say directly becomes ONE hook entry calling our own `nvhook
+cdi-hook createRuntime` (explicit env; libinject.runtime.cdi_hooks): the /proc/driver/nvidia
+masking (`--procfs-dir`: runc refuses OCI mounts under /proc, so a spec cannot mount it;
+the hook picks the GPU dirs from the container's own device list, so one spec-level hook
+serves every device combination), symlinks (`--link TARGET::LINK`) and the ld cache
+(`--folder DIR`), all in one call. At createRuntime the runtime runs it in its own
+namespaces, where `nvhook serve` can take it (the front hands it over as it hands over
+the prestart hook); `--hook-stage createContainer` makes it a createContainer hook for
+engines that run createRuntime hooks elsewhere. Specs written before have three hooks
+(mask-procfs, create-symlinks, update-ldcache): still accepted.
 Cgroup rules follow from deviceNodes (runtimes add an allow rule per node).
 
 The lowest cdiVersion the content needs is emitted (podman 4.3.1 reads only
@@ -46,7 +50,8 @@ DEFAULT_KIND = f"{DEFAULT_VENDOR}/{DEFAULT_CLASS}"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 STRATEGIES = ("index", "uuid", "type-index")
 HOOK_ENV = (f"PATH={SAFE_PATH}",)
-HOOK_STAGE = "createContainer"
+HOOK_STAGE = "createRuntime"            # where `nvhook serve` can take the hook
+HOOK_STAGES = ("createRuntime", "createContainer")
 # nvidia-ctk does the same: a container that got its GPUs by CDI must not get them again
 # from a legacy hook that is also installed.
 SPEC_ENV = ("NVIDIA_VISIBLE_DEVICES=void",)
@@ -88,15 +93,37 @@ class HookOptions:
     path: str                                  # absolute path of nvhook-hook (the front)
     env: tuple[str, ...] = HOOK_ENV
     ldconfig: str = "@/sbin/ldconfig"
-    procfs_dir: str = ""                       # host /proc/driver/nvidia ("" = no masking hook)
+    procfs_dir: str = ""                       # host /proc/driver/nvidia ("" = no masking)
     config: str = ""                           # --config passed to the hooks ("" = default)
+    stage: str = HOOK_STAGE                    # the hook entry's hookName (HOOK_STAGES)
+    socket: str = ""                           # --socket: the hook service ("" = the front's default)
+
+
+def check_hook_options(opts: HookOptions) -> None:
+    if opts.stage not in HOOK_STAGES:
+        raise NvhookError(f"invalid hook stage {opts.stage!r} (one of {', '.join(HOOK_STAGES)})")
+    if opts.socket and opts.socket != "none" and not opts.socket.startswith("/"):
+        raise NvhookError(f"hook service socket must be an absolute path: {opts.socket}")
+
+
+def hook_socket(cfg, given: str | None = None) -> str:
+    """The --socket a spec's hook is given: `given`, else the config's [nvhook] socket
+    when it is not the front's own default ("": none needed)."""
+    from libinject.constants import SERVE_SOCKET
+
+    if given:
+        return given
+    sock = cfg.nvhook.socket
+    return "" if not sock or sock == SERVE_SOCKET else sock
 
 
 def _hook(opts: HookOptions, *args: str) -> dict[str, Any]:
     argv = ["nvhook-hook"]
     if opts.config:
         argv += ["--config", opts.config]
-    return {"hookName": HOOK_STAGE, "path": opts.path, "args": [*argv, "cdi-hook", *args],
+    if opts.socket:
+        argv += ["--socket", opts.socket]
+    return {"hookName": opts.stage, "path": opts.path, "args": [*argv, "cdi-hook", opts.stage, *args],
             "env": list(opts.env)}
 
 
@@ -118,30 +145,34 @@ def _under_proc(path: str) -> bool:
     return posixpath.normpath(path).startswith("/proc/")
 
 
-def symlink_hook(links: Sequence[SymlinkEdit], opts: HookOptions) -> dict[str, Any]:
-    args = ["create-symlinks"]
+def edits_hook(opts: HookOptions, *, procfs: bool = False, links: Sequence[SymlinkEdit] = (),
+               folders: Sequence[str] = (), mounts: Sequence[MountEdit] = ()) -> dict[str, Any] | None:
+    """The one hook entry doing every step asked for (None: no step): the procfs mask,
+    the symlinks, the ld cache (applied in the live applier's order whatever the
+    order of the flags). The libraries the spec mounts into the ld cache's folders go
+    with it (--library HOST::CONTAINER): the hook merges them into the image's cache
+    in-process (libinject.apply.ldcache_merge) instead of running ldconfig."""
+    args: list[str] = []
+    if procfs and opts.procfs_dir:
+        args += ["--procfs-dir", opts.procfs_dir]
     for s in links:
         args += ["--link", f"{s.target}::{s.link}"]
-    return _hook(opts, *args)
-
-
-def ldcache_hook(folders: Sequence[str], opts: HookOptions) -> dict[str, Any]:
-    args = ["update-ldcache"]
-    if opts.ldconfig != "@/sbin/ldconfig":
-        args += ["--ldconfig", opts.ldconfig]
-    for f in folders:
-        args += ["--folder", f]
-    return _hook(opts, *args)
-
-
-def procfs_hook(opts: HookOptions) -> dict[str, Any]:
-    return _hook(opts, "mask-procfs", "--procfs-dir", opts.procfs_dir)
+    if folders:
+        if opts.ldconfig != "@/sbin/ldconfig":
+            args += ["--ldconfig", opts.ldconfig]
+        for f in folders:
+            args += ["--folder", f]
+        inside = {f.rstrip("/") for f in folders}
+        for m in mounts:
+            if m.kind == "library" and posixpath.dirname(m.container_path) in inside:
+                args += ["--library", f"{m.host_path}::{m.container_path}"]
+    return _hook(opts, *args) if args else None
 
 
 def to_cdi(edits: ContainerEdits, opts: HookOptions, *, env: Sequence[str] = (),
            procfs: bool = False) -> dict[str, Any]:
-    """CDI containerEdits for ContainerEdits (empty lists left out). Hook order follows
-    the live applier: procfs, symlinks, then the ld cache."""
+    """CDI containerEdits for ContainerEdits (empty lists left out): what a spec cannot
+    say (procfs, symlinks, the ld cache) in one hook entry, then the edits' own hooks."""
     out: dict[str, Any] = {}
     all_env = [*env, *edits.env]
     if all_env:
@@ -154,12 +185,10 @@ def to_cdi(edits: ContainerEdits, opts: HookOptions, *, env: Sequence[str] = (),
     if mounts:
         out["mounts"] = mounts
     hooks: list[dict[str, Any]] = []
-    if procfs and opts.procfs_dir:
-        hooks.append(procfs_hook(opts))
-    if edits.symlinks:
-        hooks.append(symlink_hook(edits.symlinks, opts))
-    if edits.ldconfig_folders:
-        hooks.append(ldcache_hook(edits.ldconfig_folders, opts))
+    ours = edits_hook(opts, procfs=procfs, links=edits.symlinks, folders=edits.ldconfig_folders,
+                      mounts=edits.mounts)
+    if ours is not None:
+        hooks.append(ours)
     for h in edits.hooks:
         hooks.append({"hookName": h.stage, "path": h.path, "args": list(h.args),
                       "env": list(h.env or opts.env)})
@@ -320,6 +349,7 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     "monitor" capability devices plus "all". `all_device` false: no "all" device."""
     mode = mode_of(mode)
     cls = cls or MODES[mode]
+    check_hook_options(hook)
     plan = _planner(driver, capabilities, lib_dir, lib32_dir)
     if mode == "imex":
         return _imex_spec(driver, plan, vendor, cls, hook, all_device)

@@ -43,7 +43,7 @@ from libinject.linux import native
 from libinject.linux.child import Child
 from libinject.linux.privileges import limit_capabilities
 from libinject.linux.proc import proc_fd
-from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit
+from libinject.plan.edits import RUNTIME_LIBRARY, ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
 from libinject.apply.rootfs import (DiskJournal, Journal, OnHostMount, RootFS, fs_type, mount_attrs,
                                     open_host, openat2, split)
@@ -480,8 +480,9 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
     Python around each of the dozens of them), checked as _open_sources_one_by_one
     checks them; one that cannot be opened: that, which says why."""
     procfs_dirs = edits.procfs.binds() if edits.procfs else ()
-    paths = [m.host_path for m in edits.mounts]
-    recursive = [mount_attrs(m.options)[1] for m in edits.mounts]
+    ours = [m for m in edits.mounts if m.kind != RUNTIME_LIBRARY]
+    paths = [m.host_path for m in ours]
+    recursive = [mount_attrs(m.options)[1] for m in ours]
     paths += [d.host_path for d in edits.device_nodes]
     paths += [host_dir for host_dir, _ in procfs_dirs]
     recursive += [False] * (len(paths) - len(recursive))
@@ -491,8 +492,15 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
     src = _Sources()
     try:
         sources = [_Source(fd, os.fstat(fd)) for fd in fds]
-        nm, nd = len(edits.mounts), len(edits.device_nodes)
-        src.mounts = sources[:nm]
+        nm, nd = len(ours), len(edits.device_nodes)
+        mine = iter(sources[:nm])
+        for m in edits.mounts:      # (in edits.mounts' order: _apply zips the two)
+            if m.kind == RUNTIME_LIBRARY:
+                s = _runtime_library(m.host_path)
+                fds.append(s.fd)
+                src.mounts.append(s)
+            else:
+                src.mounts.append(next(mine))
         src.devices = sources[nm:nm + nd]
         src.gpu_dirs = sources[nm + nd:]
         for d, s in zip(edits.device_nodes, src.devices):
@@ -514,6 +522,9 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
     """_open_sources, a source at a time (open_host each)."""
     src = _Sources()
     for m in edits.mounts:
+        if m.kind == RUNTIME_LIBRARY:
+            src.mounts.append(_runtime_library(m.host_path))
+            continue
         _, recursive = mount_attrs(m.options)
         src.mounts.append(_open(m.host_path, f"{m.kind} {m.host_path}", recursive))
     for d in edits.device_nodes:
@@ -530,6 +541,21 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
         from libinject.apply.ldconfig import open_ldconfig
         src.ldconfig_fd = open_ldconfig(ldconfig)
     return src
+
+
+def _runtime_library(path: str) -> _Source:
+    """A library the runtime mounted from `path` (a CDI spec's mount, as the runtime
+    resolved it): only read (its ELF header, for the ld cache), so a plain O_PATH fd,
+    not a detached mount; a regular file."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise NvhookError(f"cannot open library {path}: {os.strerror(e.errno)}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NvhookError(f"library {path} is not a regular file")
+    return _Source(fd, st)
 
 
 def _open(path: str, what: str, recursive: bool = False) -> _Source:
@@ -566,7 +592,7 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
         _mark("compat")
     for kind in LATE_KINDS:
         _mounts(root, [(m, s) for m, s in mounts if m.kind == kind])
-    known = EARLY_KINDS + LATE_KINDS + ("procfs-gpu", "devdir")
+    known = EARLY_KINDS + LATE_KINDS + ("procfs-gpu", "devdir", RUNTIME_LIBRARY)
     _mounts(root, [(m, s) for m, s in mounts if m.kind not in known])
     _mark("late mounts")
     devices = list(zip(edits.device_nodes, src.devices))
@@ -584,7 +610,9 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
     if folders:
         from libinject.apply import ldconfig as ldc
         ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark,
-                   libraries=[(m.container_path, s.fd) for m, s in mounts if m.kind == "library"],
+                   # ours, and those the runtime mounted (a CDI spec's): their host sources
+                   libraries=[(m.container_path, s.fd) for m, s in mounts
+                              if m.kind in ("library", RUNTIME_LIBRARY)],
                    links=edits.symlinks)
 
 

@@ -18,7 +18,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics", "devdir")
+MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics", "devdir", "runtime-library")
+# A library the runtime mounts itself (a CDI spec's mount; `cdi-hook --library`): the
+# live applier never mounts it, it reads its host source for the ld.so.cache merge.
+RUNTIME_LIBRARY = "runtime-library"
 
 
 @record(frozen=True)

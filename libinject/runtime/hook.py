@@ -37,6 +37,7 @@ from libinject.constants import CONFIGURE_STAGES, HOOK_STAGES
 # Global options that take a value (nvhook's CLI shares this list). --socket is the
 # compiled front's (which hook service to use); Python takes it and ignores it.
 GLOBAL_VALUED = ("--root", "--ldcache", "--user", "--debug", "--config", "--socket")
+CDI_HOOK = "cdi-hook"       # the command CDI specs' hook entries run
 
 
 class HookArgs:
@@ -48,27 +49,46 @@ class HookArgs:
 
 
 def parse_argv(argv: list[str]) -> HookArgs | None:
-    """A hook stage as runtimes call it (`[--config F] [--debug F] ... STAGE`), parsed
-    without argparse (building it is ~15 ms of the exec'd hook's start-up). Anything
-    else (--opt=value, -h, a typo) gives None: the CLI's argparse parses and reports it,
-    and the hook service declines it (the front then execs the CLI)."""
+    """A hook as runtimes call it (`[--config F] [--debug F] ... STAGE`, or `[...]
+    cdi-hook STAGE FLAGS...` as `cdi generate` writes it: libinject.runtime.cdi_hooks),
+    parsed without argparse (building it is ~15 ms of the exec'd hook's start-up).
+    Anything else (--opt=value, -h, a typo) gives None: the CLI's argparse parses and
+    reports it, and the hook service declines it (the front then execs the CLI)."""
     ns = HookArgs(root=None, ldcache=None, user=None, debug=None, load_kmods=False,
                          config=None, socket=None, command=None)
     i = 0
-    while i < len(argv) - 1:
+    while i < len(argv):
         a = argv[i]
-        if a in GLOBAL_VALUED and not argv[i + 1].startswith("-"):
+        if a in GLOBAL_VALUED and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             setattr(ns, a[2:].replace("-", "_"), argv[i + 1])
             i += 2
         elif a == "--load-kmods":
             ns.load_kmods = True
             i += 1
         else:
-            return None
-    if i != len(argv) - 1 or argv[i] not in HOOK_STAGES:
+            break
+    rest = argv[i:]
+    if len(rest) == 1 and rest[0] in HOOK_STAGES:
+        ns.command = rest[0]
+        return ns
+    if rest[:1] == [CDI_HOOK]:
+        from libinject.runtime import cdi_hooks
+
+        ns.command = CDI_HOOK
+        return cdi_hooks.parse_argv(rest[1:], ns)
+    return None
+
+
+def served_stage(args: HookArgs | None) -> str | None:
+    """The stage a parsed hook call runs at, where the hook service can take it (the
+    runtime's namespaces): "prestart", "cdi-hook createRuntime"; else None."""
+    if args is None:
         return None
-    ns.command = argv[i]
-    return ns
+    if args.command == "prestart":
+        return "prestart"
+    if args.command == CDI_HOOK and getattr(args, "hook", None) == "createRuntime":
+        return f"{CDI_HOOK} createRuntime"
+    return None
 
 
 def start_cwd() -> str | None:

@@ -37,8 +37,10 @@ be taken over by another process); SO_PEERCRED and, where the kernel has it,
 SO_PEERPIDFD only filter early. The front checks the same of the listener before it
 sends anything. Workers never enter a peer's namespaces or root: they run in the
 service's own, so what they exec (ldconfig, the NVML child's python) is the host's,
-opened as the service would. Only the prestart stage is served (a createContainer hook
-runs in the container's namespaces). A worker keeps only the capabilities the hook
+opened as the service would. Only the stages the runtime runs in its own namespaces are
+served: the prestart hook and a CDI spec's `cdi-hook createRuntime`
+(libinject.runtime.cdi_hooks: the same worker, the same entry into the container's mount
+namespace through the state's pid); a createContainer hook runs in the container's. A worker keeps only the capabilities the hook
 needs, and its environment is PATH alone: settings come from the hook's argv
 (--config) and root-owned files, never from an environment.
 
@@ -102,7 +104,7 @@ MAX_OUTPUT = (16 << 10) - 5     # the hook's output sent back (hookfront.c MAX_R
 NFDS = 3                        # the state memfd, the front's mount and pid namespaces
 NAMESPACES = ("mnt", "pid")     # what both sides prove they share
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)     # Linux 6.5
-SERVED_STAGES = ("prestart",)
+SERVED_STAGES = ("prestart", "cdi-hook createRuntime")    # (libinject.runtime.hook.served_stage)
 HELLO = b"H"
 ACCEPTED = b"A"
 GO = b"G"
@@ -153,6 +155,7 @@ PRELOAD = (
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
     "libinject.apply.ldcache_merge", "_prctl", "libinject.runtime.ceiling",
+    "libinject.runtime.cdi_hooks",
 )
 
 
@@ -183,8 +186,11 @@ class Request:
 
     @property
     def stage(self) -> str | None:
+        """The stage served (SERVED_STAGES), else the command asked for."""
+        from libinject.runtime.hook import served_stage
+
         args = self.args
-        return args.command if args is not None else None
+        return served_stage(args) or (args.command if args is not None else None)
 
 
 def parse_request(data: bytes) -> Request:
@@ -1284,8 +1290,15 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         except OSError:
             return 0
         try:
-            code = hook.handle(req.stage, state, req.args, cwd=req.cwd,
-                               discover=self.server.cache.discover, plan=self.server.cache.plan)
+            args = req.args
+            if args.command == hook.CDI_HOOK:
+                from libinject.runtime import cdi_hooks
+
+                # (no discovery: the host's procfs and the argv are all it reads)
+                code = cdi_hooks.handle(args, state, req.cwd, self.peer)
+            else:
+                code = hook.handle(args.command, state, args, cwd=req.cwd,
+                                   discover=self.server.cache.discover, plan=self.server.cache.plan)
         except BaseException as e:  # noqa: BLE001 - a bug: one line for the runtime
             from libinject.errors import report
 
@@ -1331,6 +1344,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             args = req.args
             if args is None or any(v and not v.startswith("/") for v in (args.config, args.root)):
                 return      # handle() refuses these
+            if args.command != "prestart":
+                return      # (the CDI hook discovers nothing)
             config_mod._request_loads = {}      # (this worker's one request)
             cfg = config_mod.load(args.config, {}, trusted=True)
             opts = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)

@@ -229,7 +229,7 @@ def apply_csv_mode(spec: dict[str, Any], devices: Sequence[str], cfg, log: Log) 
     procfs_dir = os.path.join(root, "proc/driver/nvidia")
     hook = cdi.HookOptions(path=cdi.default_hook_path(),
                            ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig",
-                           config=_explicit_config(cfg),
+                           config=_explicit_config(cfg), socket=cdi.hook_socket(cfg),
                            procfs_dir=procfs_dir if os.path.isdir(procfs_dir) else "")
     apply_spec.apply_cdi(spec, [cdi.to_cdi(edits, hook, procfs=bool(hook.procfs_dir))])
     log.info(f"csv: {len(edits.device_nodes)} devices, {len(edits.mounts)} mounts, "

@@ -26,7 +26,8 @@ def spec_text(path: str, *, config: str | None = None, root: str | None = None,
     cfg = loaded if loaded is not None else _config.load(config)
     options = cfg.discover_options(root=root, ldcache=ldcache, user=user)
     hook = cdi.HookOptions(path=venv_program("nvhook-hook"),
-                           ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig", config=os.path.abspath(config) if config else "")
+                           ldconfig=cfg.cli.ldconfig or "@/sbin/ldconfig", config=os.path.abspath(config) if config else "",
+                           socket=cdi.hook_socket(cfg))
     spec = cdi.generate(options.discover(), hook=hook)
     return cdi.dump(spec, cdi.format_of(path, "yaml")).encode()
 

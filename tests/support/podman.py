@@ -60,6 +60,39 @@ def run_argv(hooks_dir: Path, rootfs: Path, cmd: Sequence[str], env: Sequence[st
     return argv + ["--rootfs", f"{rootfs}:O", *cmd]
 
 
+class CdiNamespace:
+    """A private mount namespace set up as CDI_SH sets one up (an overlay on /etc, `specs`
+    bound on /etc/cdi), kept by a holder process until close(): podman and `nvhook serve`
+    can then run in the same one (wrap()), as on a node where the service runs beside
+    the engine (the service serves only peers in its own mount namespace)."""
+
+    def __init__(self, state: Path, specs: Path) -> None:
+        for d in ("etc-upper", "etc-work"):
+            (state / d).mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", CDI_SH, "sh", str(state),
+             str(specs), "sh", "-c", "echo ready; exec sleep 100000"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            self.proc.kill()
+            raise RuntimeError(f"CDI namespace: {self.proc.communicate(timeout=30)[1]!r}")
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        return ["nsenter", "-t", str(self.proc.pid), "-m", "--", *argv]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+    def __enter__(self) -> "CdiNamespace":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Podman:
     """podman with its config and state under `state`."""
 
@@ -102,17 +135,29 @@ runroot = "{state}/runroot"
     def run(self, rootfs: Path, cmd: Sequence[str], *, hooks_dir: Path | None = None,
             cdi_specs: Path | None = None, env: Sequence[str] = (),
             annotations: dict[str, str] | None = None, devices: Sequence[str] = (),
-            timeout: float = 120, extra: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+            timeout: float = 120, extra: Sequence[str] = (),
+            ns: CdiNamespace | None = None) -> subprocess.CompletedProcess[str]:
         """`podman run --rm --rootfs ROOTFS:O CMD...` (a throw-away overlay on rootfs).
         hooks_dir: its OCI hooks dir (default: an empty one); cdi_specs: the CDI spec dir
         it sees as /etc/cdi; devices: --device values (CDI names with cdi_specs); extra:
-        more run options."""
+        more run options; ns: run in that CdiNamespace (its specs) instead."""
+        argv = self.argv(rootfs, cmd, hooks_dir=hooks_dir, cdi_specs=cdi_specs, env=env,
+                         annotations=annotations, devices=devices, extra=extra, ns=ns)
+        return subprocess.run(argv, env=self.env(), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def argv(self, rootfs: Path, cmd: Sequence[str], *, hooks_dir: Path | None = None,
+             cdi_specs: Path | None = None, env: Sequence[str] = (),
+             annotations: dict[str, str] | None = None, devices: Sequence[str] = (),
+             extra: Sequence[str] = (), ns: CdiNamespace | None = None) -> list[str]:
+        """run()'s command line (run it with env())."""
         argv = run_argv(hooks_dir or self.state / "hooks", rootfs, cmd, env, annotations, devices, extra)
+        if ns is not None:
+            return ns.wrap(argv)
         if cdi_specs is not None:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", CDI_SH, "sh",
                     str(self.state), str(cdi_specs), *argv]
-        return subprocess.run(argv, env=self.env(), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return argv
 
     def cleanup(self) -> None:
         """Remove its containers and storage, and unmount what it left under `state`."""

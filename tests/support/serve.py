@@ -20,11 +20,14 @@ class Serve:
     """`nvhook-hook --config CFG serve --socket SOCK -v` (through the front: python -I and
     a clean env, as a unit file would start it), stopped by stop()."""
 
-    def __init__(self, config: Path, sock: Path, *extra: str) -> None:
+    def __init__(self, config: Path, sock: Path, *extra: str, wrap=None) -> None:
+        """wrap: argv -> argv that runs it elsewhere (e.g. support.podman.CdiNamespace.wrap),
+        exec'ing it in place (so our child is the server)."""
         self.sock = sock
         self.logfile = sock.parent.parent / f"serve-{os.urandom(3).hex()}.log"
+        argv = [hookenv.ensure_front(), "--config", str(config), "serve", "--socket", str(sock), "-v", *extra]
         self.proc = subprocess.Popen(
-            [hookenv.ensure_front(), "--config", str(config), "serve", "--socket", str(sock), "-v", *extra],
+            wrap(argv) if wrap else argv,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(self.logfile, "wb"), env={})
         # with snapshots on it discovers the driver before serving (cmd_serve.run)
         warm = "--no-warm" not in extra and "snapshot = false" not in config.read_text()
