@@ -99,12 +99,18 @@ def build(prefix: str, stage: Path, work: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(REPO))
     from libinject import __version__
 
     ap = argparse.ArgumentParser(prog="build_bundle.py")
     ap.add_argument("out")
-    ap.add_argument("--prefix", default=f"/usr/local/lib/nvhook/{__version__}")
+    ap.add_argument("--version", default=__version__,
+                    help="the install's version (its directory and the tarball's name)")
+    ap.add_argument("--prefix", help="default /usr/local/lib/nvhook/VERSION")
     args = ap.parse_args(argv)
+    if not args.version or "/" in args.version or args.version.startswith("."):
+        fail(f"--version must be a plain name: {args.version!r}")
+    args.prefix = args.prefix or f"/usr/local/lib/nvhook/{args.version}"
     if not args.prefix.startswith("/") or args.prefix.rstrip("/") != args.prefix or "//" in args.prefix:
         fail(f"--prefix must be an absolute path without a trailing /: {args.prefix}")
     for tool in ("patchelf", "ldd"):
@@ -119,7 +125,7 @@ def main(argv: list[str]) -> int:
             stage = work / "root"
             stage.mkdir(mode=0o755)
             build(args.prefix, stage, work)
-            tarball = out / f"nvhook-{__version__}-bundle.tar.gz"
+            tarball = out / f"nvhook-{args.version}-bundle.tar.gz"
             run(["tar", "-C", str(stage), "--owner=0", "--group=0", "--numeric-owner", "-czf", str(tarball),
                  args.prefix.lstrip("/")], timeout=900)
             print(tarball)

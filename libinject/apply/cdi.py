@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import sys
 
 from libinject.constants import SAFE_PATH
 from libinject.linux import atomic
@@ -72,7 +71,9 @@ def default_hook_path() -> str:
     """What CDI hooks run: the compiled front (nvhook-hook) beside this interpreter, else
     the one on PATH. Never the Python console script: a runtime runs CDI hooks with an
     environment the container may have chosen, and the front starts Python isolated."""
-    cand = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "nvhook-hook")
+    from libinject.installpath import program
+
+    cand = program("nvhook-hook")
     if os.access(cand, os.X_OK):
         return cand
     import shutil

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 from libinject.constants import SAFE_PATH
@@ -35,7 +34,9 @@ WHEN = {
 
 def default_hook_path() -> str:
     """The compiled front installed next to this venv's python (make venv builds it)."""
-    return str(Path(sys.executable).parent / "nvhook-hook")
+    from libinject.installpath import program
+
+    return program("nvhook-hook")
 
 
 def render(variant: str = "always", hook_path: str | None = None,

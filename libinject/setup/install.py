@@ -491,9 +491,9 @@ def venv_program(name: str, check: bool = True) -> str:
     """This install's program `name` beside the venv's python (`make venv` builds the
     compiled fronts nvhook-hook and nvhook-runtime there); check: that it is there and
     only root could have put it there (trusted_program)."""
-    import sys
+    from libinject.installpath import program
 
-    path = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
+    path = program(name)
     if check and not os.access(path, os.X_OK):
         raise NvhookError(f"no {name} at {path} (`make venv` builds it)")
     if check:
