@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,18 @@ def _forged(tmp_path: Path, rootfs: Path, pid: int) -> subprocess.CompletedProce
                           input=state, capture_output=True, text=True, timeout=120, env={})
 
 
+def _settled_child(victim: subprocess.Popen) -> int:
+    """The pid of `unshare --fork`'s child once it runs sleep: it makes its mounts private
+    after the fork, so reading them before that races with it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()
+        if kids and Path(f"/proc/{kids[0]}/comm").read_text() == "sleep\n":
+            return int(kids[0])
+        time.sleep(0.005)
+    raise TimeoutError("unshare's child did not start sleep")
+
+
 def test_a_state_naming_another_process_is_refused(tmp_path, rootfs):
     """Attack: a state whose pid is a process in its own mount namespace that is not a
     child of the hook's runtime (here: a grandchild of ours, in `unshare -m`): the
@@ -241,12 +254,7 @@ def test_a_state_naming_another_process_is_refused(tmp_path, rootfs):
     with one line; the rootfs and that namespace are untouched."""
     victim = subprocess.Popen(["unshare", "-m", "--fork", "--propagation", "private", "sleep", "60"])
     try:
-        for _ in range(500):
-            kids = Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()
-            if kids:
-                break
-            os.sched_yield()
-        [pid] = map(int, kids)
+        pid = _settled_child(victim)
         tree = _tree(rootfs)
         r = _forged(tmp_path, rootfs, pid)
         assert r.returncode == 1, r.stderr
@@ -351,12 +359,7 @@ def test_served_state_naming_another_process_is_refused(tmp_path, rootfs, cdi_se
 
     victim = subprocess.Popen(["unshare", "-m", "--fork", "--propagation", "private", "sleep", "60"])
     try:
-        for _ in range(500):
-            kids = Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()
-            if kids:
-                break
-            os.sched_yield()
-        [pid] = map(int, kids)
+        pid = _settled_child(victim)
         victim_mounts = Path(f"/proc/{pid}/mountinfo").read_text()
         bundle = tmp_path / "bundle"
         bundle.mkdir()

@@ -6,9 +6,11 @@ PID 1 here is not systemd (no bus to register a machine with), so nspawn runs wi
 --register=no --keep-unit inside a cgroup made for it, and the container gets the unified
 hierarchy (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: on this hybrid host the v1 controllers
 would be read-only inside, and runc could not make its container's cgroups). nspawn's
-seccomp filter would refuse bpf (runc's and nvhook's device programs): allowed, as a
-node's runtime has it. keyctl stays refused (runc and nvhook's ldconfig sandbox go on
-without a session keyring of their own there). Commands run inside through
+seccomp filter (which holds for what the root's systemd starts, not for what nsenter
+runs) would refuse bpf (runc's and nvhook's device programs): allowed, as a node's
+runtime has it. keyctl stays refused unless asked for (syscalls="bpf @keyring": runc 1.1
+started by containerd fails without it; nvhook's service, started by the root's systemd,
+goes on without a session keyring of its own). Commands run inside through
 nsenter into the container's PID 1.
 """
 from __future__ import annotations
@@ -29,9 +31,9 @@ NOISE = ("var/log/journal", "var/lib/systemd", "run", "tmp", "var/tmp",
          "var/log/dpkg.log", "var/log/alternatives.log")      # dpkg's own record of each run
 
 
-def debootstrap(dest: Path) -> Path:
-    """Debian 12 (minbase, with systemd and runc) in dest."""
-    r = subprocess.run([MMDEBSTRAP, "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(dest)],
+def debootstrap(dest: Path, packages: str = PACKAGES) -> Path:
+    """Debian 12 (minbase, with `packages`: systemd and runc by default) in dest."""
+    r = subprocess.run([MMDEBSTRAP, "--variant=minbase", f"--include={packages}", "bookworm", str(dest)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return dest
@@ -80,12 +82,12 @@ def _rm_cgroup(path: Path) -> None:
 class Machine:
     """root booted with systemd-nspawn (binds: (host path, path inside))."""
 
-    def __init__(self, root: Path, binds: Sequence[tuple[Path | str, str]] = ()) -> None:
+    def __init__(self, root: Path, binds: Sequence[tuple[Path | str, str]] = (), syscalls: str = "bpf") -> None:
         self.root = root
         self.cgroup = _unified() / f"nvhook-test-{os.getpid()}-{time.monotonic_ns()}"
         self.cgroup.mkdir()
         argv = [NSPAWN, "-q", "-D", str(root), "--boot", "--register=no", "--keep-unit", "--console=pipe",
-                "--capability=all", "--system-call-filter=bpf",
+                "--capability=all", f"--system-call-filter={syscalls}",
                 *[f"--bind={host}:{inside}" for host, inside in binds]]
         self.log = open(root.parent / f"{root.name}.nspawn.log", "wb")
         env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
@@ -120,6 +122,12 @@ class Machine:
         return subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "--",
                                "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *argv],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def popen(self, *argv: str, log: Path) -> subprocess.Popen:
+        """argv inside the machine, in the background, its output to log."""
+        return subprocess.Popen(["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "--",
+                                 "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *argv],
+                                stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
