@@ -16,6 +16,13 @@
  * - the config is found as Python finds it: $NVHOOK_CONFIG, else
  *   ${XDG_CONFIG_HOME:-/etc}/nvidia-container-runtime/config.toml (the shim's
  *   environment is the engine's own, not a container's).
+ * A `create` that is the shim's work goes first to `nvhook serve` on the config's
+ * [nvhook] socket (csrc/serveclient.h, the hook front's client; a config spelling the
+ * socket in a way config_socket() does not follow: no service): the front sends its
+ * argv, cwd, the config path it found, its PATH, umask and own path; a worker rewrites
+ * the bundle with the exec'd shim's code (libinject/runtime/shim_serve.py) and names
+ * the runtime, which the front execs with its argv unchanged. No service, or one that
+ * does not take it: Python, exec'd, as before; once taken, the service's status is final.
  * Built static where possible; logic stays in Python.
  */
 #define _GNU_SOURCE

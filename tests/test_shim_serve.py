@@ -279,3 +279,27 @@ def test_a_bad_create_gives_one_line_served_as_exec(setup, tmp_path, case):
     assert out["served"] == out["exec"]
     if case == "unknown CDI device":
         assert out["served"] == "nvhook: unresolvable CDI devices nvidia.com/gpu=42\n"
+
+
+def test_the_front_asks_the_socket_the_config_names(setup, tmp_path, sim_host):
+    """[nvhook] socket, relative to the config's directory as libinject.config takes it;
+    a spelling the front's scan does not follow (a dotted key) is not guessed at: the
+    exec'd shim does the create."""
+    configure, sock, start = setup
+    fake = fake_runtime(tmp_path / "bin")
+    server = start(configure("legacy"))
+    host = sim_host("a100x8")
+    rel = sock.parent.parent / "shim.toml"          # beside run/hook.sock
+    rel.write_text(f'[nvidia-container-cli]\nroot = "{host}"\n'
+                   '[nvhook]  # ours\nsnapshot = false\nsocket = "run/hook.sock"   # relative\n')
+    dotted = tmp_path / "dotted.toml"
+    dotted.write_text(f'nvhook.snapshot = false\nnvhook.socket = "{sock}"\n')
+    for cfg, served in ((rel, True), (dotted, False)):
+        env = {"PATH": f"{fake.parent}:/usr/sbin:/usr/bin:/sbin:/bin", "NVHOOK_CONFIG": str(cfg)}
+        b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"], f"b-{cfg.stem}")
+        r, progs = execs(tmp_path, [SHIM, "create", "--bundle", str(b), "cid"], env)
+        assert r.returncode == 0, r.stderr
+        assert progs == ([SHIM, str(fake)] if served else [SHIM, PYTHON, str(fake)]), cfg.read_text()
+        [hook] = json.loads((b / "config.json").read_text())["hooks"]["prestart"]
+        assert hook["args"][-3:] == ["--socket", str(sock), "prestart"]
+    assert served_creates(server) == [f"create --bundle {tmp_path / 'b-shim'} cid"]
