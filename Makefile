@@ -29,12 +29,12 @@ $(VENV)/.installed: $(NATIVE_SRC)
 # Python starts with -S and this import path (the package's dir and site-packages).
 PYPATH = $(shell $(PY) -c 'import sysconfig; print("$(abspath .):" + sysconfig.get_paths()["purelib"])' 2>/dev/null)
 FRONT_DEFS = -DNVHOOK_PYTHON='"$(abspath $(PY))"' -DNVHOOK_PYPATH='"$(PYPATH)"'
-$(VENV)/bin/nvhook-hook: csrc/hookfront.c csrc/pyexec.h csrc/gpuscan.h $(VENV)/.installed
+$(VENV)/bin/nvhook-hook: csrc/hookfront.c csrc/pyexec.h csrc/gpuscan.h csrc/serveclient.h $(VENV)/.installed
 	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/hookfront.c
 
 # The runtime shim's compiled front (csrc/shimfront.c): execs the low-level runtime for
 # every command but `create` without starting Python (engines call it many times a container).
-$(VENV)/bin/nvhook-runtime: csrc/shimfront.c csrc/pyexec.h csrc/gpuscan.h $(VENV)/.installed
+$(VENV)/bin/nvhook-runtime: csrc/shimfront.c csrc/pyexec.h csrc/gpuscan.h csrc/serveclient.h $(VENV)/.installed
 	$(CC) -O2 -Wall -static $(FRONT_DEFS) -o $@ csrc/shimfront.c
 
 venv: deps $(VENV)/.installed $(VENV)/bin/nvhook-hook $(VENV)/bin/nvhook-runtime

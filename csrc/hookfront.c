@@ -26,10 +26,9 @@
  * go first to `nvhook serve` if one listens on --socket (default
  * NVHOOK_SOCKET_DEFAULT; "none" turns it off) and the listener is uid 0 in our own mount
  * and pid namespaces (its hello carries fds of them; a socket a container bound is never
- * spoken to): the front sends its argv,
- * its cwd, the state (a memfd) and fds of its own namespaces (the same proof for the
- * service), and nothing else -- never runc's stdout/stderr, our
- * root or cwd, so a wedged service cannot hold the runtime's pipes open. The service
+ * spoken to): the front sends its argv, its cwd, the state (a memfd) and fds of its own
+ * namespaces (the same proof for the service), and nothing else (csrc/serveclient.h,
+ * shared with the runtime shim's front). The service
  * sends back the hook's status and what it wrote to stderr, which the front writes and
  * exits with (protocol: libinject/runtime/service.py). No service, or one that does not
  * take the request within SERVE_WAIT_S: exec Python as before. Once the service has
@@ -58,24 +57,9 @@
 
 #include "gpuscan.h"
 #include "pyexec.h"
-
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77         /* Linux 6.5 */
-#endif
-#ifndef SYS_pidfd_send_signal
-#define SYS_pidfd_send_signal 424
-#endif
-
-
-#ifndef NVHOOK_SOCKET_DEFAULT
-#define NVHOOK_SOCKET_DEFAULT "/run/nvhook/hook.sock"   /* as [nvhook] socket's default */
-#endif
+#include "serveclient.h"
 
 #define MAX_STATE (1 << 20)     /* as libinject.request.oci_state.MAX_STATE_BYTES */
-#define MAX_REQUEST (64 << 10)  /* as libinject.runtime.service.MAX_REQUEST */
-#define MAX_REPLY (16 << 10)    /* as libinject.runtime.service.MAX_OUTPUT + 5 */
-#define SERVE_GRACE_S 30        /* beyond the service's own timeout, before we give up */
-#define SERVE_WAIT_S 5          /* a wedged server costs a container this, then we exec */
 #define STATE_WAIT_S 30         /* for the runtime to write the state and close stdin */
 #define MAX_CONF (1 << 20)
 
@@ -229,101 +213,6 @@ static void exec_python(const char *main_code, int serve)
     exec_venv_python(main_code, g_argc, g_argv, envp, 1);
 }
 
-/* Append a protocol item (kind + NUL-terminated value) to buf; 0 if it does not fit. */
-static int put_item(char *buf, size_t *len, char kind, const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = b ? strlen(b) + 1 : 0;
-    if (*len + 1 + la + lb + 1 > MAX_REQUEST)
-        return 0;
-    buf[(*len)++] = kind;
-    memcpy(buf + *len, a, la);
-    *len += la;
-    if (b) {
-        buf[(*len)++] = '=';
-        memcpy(buf + *len, b, lb - 1);
-        *len += lb - 1;
-    }
-    buf[(*len)++] = '\0';
-    return 1;
-}
-
-/* Is the listener on s the real service: uid 0, in our own mount namespace (so not in a
- * container), checked against the very process through its pidfd where the kernel has one? */
-static int listener_trusted(int s)
-{
-    struct ucred cr;
-    socklen_t l = sizeof cr;
-    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &l) < 0 || cr.uid != 0 || cr.pid <= 0)
-        return 0; /* pid 0: it lives in a pid namespace we cannot see */
-    int pidfd = -1;
-    l = sizeof pidfd;
-    if (getsockopt(s, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &l) < 0) {
-        if (errno != ENOPROTOOPT)
-            return 0; /* e.g. the listener is gone: its pid may name another process now */
-        pidfd = -1;   /* kernels before 6.5: the pid alone (the hello below proves it) */
-    }
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/ns/mnt", cr.pid);
-    struct stat a, b;
-    int ok = stat(path, &a) == 0 && stat("/proc/self/ns/mnt", &b) == 0 && a.st_dev == b.st_dev &&
-             a.st_ino == b.st_ino;
-    /* The pid still names the listener (not a process that took its pid since). */
-    if (ok && pidfd >= 0)
-        ok = syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
-    if (pidfd >= 0)
-        close(pidfd);
-    return ok;
-}
-
-/* Is fd the namespace /proc/self/ns/<name> is (same nsfs inode)? */
-static int same_ns(int fd, const char *name)
-{
-    char path[32];
-    snprintf(path, sizeof path, "/proc/self/ns/%s", name);
-    struct stat a, b;
-    return fd >= 0 && fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
-}
-
-/* The service's hello: "H" with fds of its mount and pid namespaces. Proof, on any kernel
- * (no pid involved), that the listener runs in ours: a process elsewhere cannot hold
- * them unless it could enter them anyway. */
-static int hello_proves_ours(int s)
-{
-    char buf[8];
-    union {
-        char b[CMSG_SPACE(2 * sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                         .msg_controllen = sizeof ctl.b};
-    ssize_t n;
-    do
-        n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    int fds[2] = {-1, -1};
-    struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
-    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-        c->cmsg_len == CMSG_LEN(2 * sizeof(int)))
-        memcpy(fds, CMSG_DATA(c), sizeof fds);
-    int ok = n == 1 && buf[0] == 'H' && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-             same_ns(fds[0], "mnt") && same_ns(fds[1], "pid");
-    for (int i = 0; i < 2; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    return ok;
-}
-
-static ssize_t recv_retry(int s, char *buf, size_t len)
-{
-    ssize_t n;
-    do
-        n = recv(s, buf, len, 0);
-    while (n < 0 && errno == EINTR);
-    return n;
-}
-
 /* The argument after the command (cdi-hook's own subcommand), else NULL. */
 static const char *subcommand(void)
 {
@@ -351,18 +240,16 @@ static int served_stage(const char *cmd)
     return strcmp(cmd, "cdi-hook") == 0 && sub && strcmp(sub, "createRuntime") == 0;
 }
 
-/* Hand the request to `nvhook serve`. Returns if it is not there or does not take it
- * (the caller then execs Python); once it has taken it, exits with its status. */
+/* Hand the request to `nvhook serve` (csrc/serveclient.h). Returns if it is not there
+ * or does not take it (the caller then execs Python); once it has taken it, exits with
+ * its status, having written what the hook wrote to stderr. */
 static void try_serve(const char *cmd)
 {
     const char *path = opt_value("--socket");
     if (!path || !*path)
         path = NVHOOK_SOCKET_DEFAULT;
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strcmp(path, "none") == 0 || strlen(path) >= sizeof addr.sun_path || !g_state ||
-        !served_stage(cmd))
+    if (!g_state || !served_stage(cmd))
         return;
-    strcpy(addr.sun_path, path);
 
     static char req[MAX_REQUEST];
     size_t len = 0;
@@ -374,87 +261,22 @@ static void try_serve(const char *cmd)
     if (g_cwd[0] && !put_item(req, &len, 'c', g_cwd, NULL))
         return;
 
-    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s < 0)
+    int fd = state_memfd();
+    if (fd < 0)
         return;
-    /* Until the service has taken the request, every wait is bounded (connect on a full
-     * backlog honours SO_SNDTIMEO). */
-    struct timeval tv = {.tv_sec = SERVE_WAIT_S};
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0 || !listener_trusted(s) ||
-        !hello_proves_ours(s)) {
-        close(s); /* ENOENT, ECONNREFUSED, EACCES, not the real service: do it ourselves */
-        return;
-    }
-    /* The state, and our own namespaces: the same proof for the service. */
-    int sfds[3] = {state_memfd(), open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC),
-                   open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)};
-    int ok = sfds[0] >= 0 && sfds[1] >= 0 && sfds[2] >= 0;
-    if (ok) {
-        union {
-            char buf[CMSG_SPACE(sizeof sfds)];
-            struct cmsghdr align;
-        } ctl;
-        memset(&ctl, 0, sizeof ctl);
-        struct iovec iov = {.iov_base = req, .iov_len = len};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                             .msg_controllen = sizeof ctl.buf};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof sfds);
-        memcpy(CMSG_DATA(c), sfds, sizeof sfds);
-        ssize_t w;
-        do
-            w = sendmsg(s, &msg, MSG_NOSIGNAL);
-        while (w < 0 && errno == EINTR);
-        ok = w == (ssize_t)len;
-    }
-    for (int i = 0; i < 3; i++)
-        if (sfds[i] >= 0)
-            close(sfds[i]);
     static char reply[MAX_REPLY];
-    ssize_t n = ok ? recv_retry(s, reply, sizeof reply) : -1;
-    if (n != 5 || reply[0] != 'A') {
-        close(s); /* refused, declined, too slow or gone before taking it: do it ourselves */
+    ssize_t n = 0;
+    int status = 0;
+    int got = serve_call(path, req, len, fd, reply, sizeof reply, &n, &status);
+    close(fd);
+    if (got == SERVE_NOT_TAKEN)
         return;
-    }
-    int limit;
-    memcpy(&limit, reply + 1, sizeof limit);
-    /* "G": we are committed to the service. Only now does the worker start; had we timed
-     * out and fallen back just as "A" came, it would see us gone and do nothing. */
-    ssize_t w;
-    do
-        w = send(s, "G", 1, MSG_NOSIGNAL);
-    while (w < 0 && errno == EINTR);
-    if (w != 1) {
-        close(s);
-        return;
-    }
-    /* The service kills a worker past its timeout and answers; wait that long and a grace. */
-    tv.tv_sec = (limit > 0 && limit < 86400 ? limit : 3600) + SERVE_GRACE_S;
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    n = recv_retry(s, reply, sizeof reply);
-    if (n < 5 || reply[0] != 'S') {
+    if (got == SERVE_LOST) {
         dprintf(2, "nvhook: hook service: no answer while configuring the container\n");
         _exit(1);
     }
-    int status;
-    memcpy(&status, reply + 1, sizeof status);
-    for (ssize_t off = 5; off < n;) { /* what the hook wrote to stderr */
-        ssize_t k = write(2, reply + off, (size_t)(n - off));
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        off += k;
-    }
-    if (status == -2)
-        dprintf(2, "nvhook: hook service: timed out configuring the container\n");
-    else if (status < 0 || status > 255)
-        dprintf(2, "nvhook: hook service: worker died configuring the container\n");
-    _exit(status < 0 || status > 255 ? 1 : status);
+    write_err(reply + 5, (size_t)(n - 5)); /* what the hook wrote to stderr */
+    _exit(served_exit(status, "configuring the container"));
 }
 
 /* A hook stage that needs Python's answer: the warm service if there is one, else exec. */

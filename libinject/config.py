@@ -194,6 +194,12 @@ def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
     """The effective configuration; NvhookError for a missing explicit file or bad content.
     trusted: the file must be one only root could have written (the hook's rule)."""
     path, required = config_path(explicit, environ)
+    return load_at(path, required, trusted=trusted)
+
+
+def load_at(path: str, required: bool, *, trusted: bool = False) -> Config:
+    """load() of a path already found by config_path() (the runtime shim's front found
+    it in the engine's environment and says which, for `nvhook serve` to read)."""
     memo = _request_loads
     if memo is not None and (path, required, trusted) in memo:
         return memo[(path, required, trusted)]

@@ -67,3 +67,16 @@ def test_failure_leaves_nothing(tmp_path: Path):
     with pytest.raises(IsADirectoryError):
         atomic.write_atomic(str(tmp_path / "sub"), b"x")
     assert _leftovers(tmp_path) == [] and os.listdir(tmp_path / "sub") == []
+
+
+def test_durable_writes_are_synced_and_others_are_not(tmp_path: Path, monkeypatch):
+    """A spec or a record is fsync'ed (file and directory); a bundle's config.json
+    (durable=False) is not: its reader comes a moment later, and no crash outlives it."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    f = tmp_path / "config.json"
+    atomic.write_atomic(str(f), b"one")
+    assert len(synced) == 2
+    atomic.write_atomic(str(f), b"two", durable=False)
+    assert len(synced) == 2 and f.read_bytes() == b"two" and _leftovers(tmp_path) == []

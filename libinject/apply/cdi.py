@@ -579,15 +579,15 @@ def format_of(path: str, default: str = "json") -> str:
     return {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(ext, default)
 
 
-def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
+def write_atomic(path: str, data: str, mode: int = 0o644, durable: bool = True) -> None:
     """Write a spec atomically (libinject.linux.atomic): a runtime scanning the spec
-    dir never sees a half-written spec."""
+    dir never sees a half-written spec. durable: fsync'ed (atomic.write_at)."""
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     if not os.path.isdir(d):
         raise NvhookError(f"cannot write {path}: directory {d} does not exist")
     try:
-        atomic.write_atomic(path, data.encode(), mode)
+        atomic.write_atomic(path, data.encode(), mode, durable)
     except OSError as e:
         raise NvhookError(f"cannot write {path}: {e.strerror}") from None
 

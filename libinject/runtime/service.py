@@ -25,6 +25,10 @@ Protocol (SOCK_SEQPACKET, one message each way, so no framing):
       or, from the server, CRASHED / TIMED_OUT (or a status the worker could not send). The front writes
       the text to its own stderr, so the runtime's pipes never leave the front: a wedged
       service can delay a container start by SERVE_WAIT_S at most, never hold it.
+  The runtime shim's front (csrc/shimfront.c) sends its `create` the same way, as
+      b"NVSHIM1\0" and its own items with SCM_RIGHTS [its mount ns, its pid ns]; the
+      worker rewrites the bundle (libinject.runtime.shim_serve) and its b"S" carries the
+      runtime for the front to exec.
   Anything else (refused peer, malformed request, argv the hook's parser does not take,
   too many requests): the connection closes or b"S" comes without b"A", and the front
   execs Python as if no server were there. (A client in Python, for tests:
@@ -93,6 +97,8 @@ from libinject.errors import NvhookError
 from libinject.linux.child import Child
 from libinject.linux.privileges import cap_last_cap
 from libinject.record import record
+from libinject.runtime import shim_serve
+from libinject.runtime.shim_serve import ShimRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,6 +162,9 @@ PRELOAD = (
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
     "libinject.apply.ldcache_merge", "_prctl", "libinject.runtime.ceiling",
     "libinject.runtime.cdi_hooks",
+    # the runtime shim's create (libinject.runtime.shim_serve), every mode's
+    "libinject.runtime.shim", "libinject.runtime.shim_serve", "libinject.apply.cdi",
+    "libinject.apply.cdi_validate", "libinject.apply.spec", "libinject.plan.csv",
 )
 
 
@@ -193,11 +202,14 @@ class Request:
         return served_stage(args) or (args.command if args is not None else None)
 
 
-def parse_request(data: bytes) -> Request:
-    """The front's message (ValueError if it is not one we serve)."""
+def parse_request(data: bytes) -> Request | ShimRequest:
+    """The front's message (ValueError if it is not one we serve): the hook's, or the
+    runtime shim's create (libinject.runtime.shim_serve)."""
     if len(data) > MAX_REQUEST:
         raise ValueError("request too large")
     parts = data.split(b"\0")
+    if parts[0] == shim_serve.MAGIC and parts[-1] == b"":
+        return shim_serve.parse(parts[1:-1])
     if parts[0] != MAGIC or parts[-1] != b"":
         raise ValueError("not an nvhook request")
     argv: list[str] = []
@@ -1262,7 +1274,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         req = self._check(data, flags, fds)
         if req is None:
             return 0            # declined: the front falls back to exec'ing Python
-        state = _read_fd(fds[0])
+        shim = isinstance(req, ShimRequest)
+        state = b"" if shim else _read_fd(fds[0])
         for fd in fds:
             os.close(fd)
 
@@ -1284,14 +1297,17 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         try:
             limit = math.ceil(min(self.server.timeout, 86400))     # the front adds its grace
             self.conn.send(ACCEPTED + struct.pack("i", max(1, limit)), socket.MSG_NOSIGNAL)
-            self._prefetch(req)     # while the front answers
+            if not shim:
+                self._prefetch(req)     # while the front answers
             if self.conn.recv(16) != GO:
                 return 0        # it fell back (or went away): not ours to do
         except OSError:
             return 0
+        head = b""      # what goes before the output in our answer (the shim's runtime)
         try:
-            args = req.args
-            if args.command == hook.CDI_HOOK:
+            if shim:
+                code, head = shim_serve.handle(req)
+            elif (args := req.args).command == hook.CDI_HOOK:
                 from libinject.runtime import cdi_hooks
 
                 # (no discovery: the host's procfs and the argv are all it reads)
@@ -1312,7 +1328,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
                 pass
         reported = 0
         try:        # the front goes on now; what is left of us is only our exit
-            out = os.pread(1, MAX_OUTPUT, 0)      # our stdout: the output memfd
+            out = head + os.pread(1, MAX_OUTPUT - len(head), 0)     # our stdout: the output memfd
             self.conn.send(STATUS + struct.pack("i", code) + out, socket.MSG_NOSIGNAL)
             reported = REPORTED
         except OSError:
@@ -1384,7 +1400,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             except OSError:
                 pass
 
-    def _check(self, data: bytes, flags: int, fds: list[int]) -> Request | None:
+    def _check(self, data: bytes, flags: int, fds: list[int]) -> Request | ShimRequest | None:
         def decline(why: str) -> None:
             self.log(f"request from pid {self.peer}: declined: {why}")
             for fd in fds:
@@ -1396,12 +1412,20 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
 
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             return decline("message or fds truncated")
-        if len(fds) != NFDS:
-            return decline(f"{len(fds)} fds, expected {NFDS}")
         try:
             req = parse_request(data)
         except (ValueError, UnicodeDecodeError) as e:
             return decline(str(e))
+        if isinstance(req, ShimRequest):     # no state: the namespaces only
+            if len(fds) != shim_serve.NFDS:
+                return decline(f"{len(fds)} fds, expected {shim_serve.NFDS}")
+            for fd, name, ours in zip(fds, NAMESPACES, self.server.ns_ids):
+                if not _same_ns(fd, name, ours):
+                    return decline(f"the peer is not in our {name} namespace")
+            why = shim_serve.enter(req)     # (only once the peer is proven ours)
+            return decline(why) if why else req
+        if len(fds) != NFDS:
+            return decline(f"{len(fds)} fds, expected {NFDS}")
         if req.args is None:
             return decline("arguments the hook's parser does not take as they are")
         if req.stage not in SERVED_STAGES:

@@ -121,21 +121,22 @@ def _which(name: str, path: str) -> str | None:
     return None
 
 
-def find_runtime(runtimes: Sequence[str], path: str | None = None) -> str:
+def find_runtime(runtimes: Sequence[str], path: str | None = None, also: Sequence[str] = ()) -> str:
     """The first of `runtimes` that exists (an absolute path, or a name looked up in the
-    absolute entries of PATH), never ourselves: not the compiled front beside our
-    interpreter nor one on PATH, by inode (a symlink or hard link to it would exec us
-    in a loop)."""
+    absolute entries of PATH: `path`, else our environment's), never ourselves: not the
+    compiled front beside our interpreter nor one on PATH, nor any of `also` (the front
+    that asked `nvhook serve`), by inode (a symlink or hard link to it would exec us in
+    a loop)."""
+    raw = path if path is not None else os.environ.get("PATH") or SAFE_PATH
     me = set()
     for p in (sys.argv[0], os.path.join(os.path.dirname(sys.executable), "nvhook-runtime"),
-              _which("nvhook-runtime", os.environ.get("PATH") or SAFE_PATH) or ""):
+              _which("nvhook-runtime", raw) or "", *also):
         try:
             st = os.stat(p)
             me.add((st.st_dev, st.st_ino))
         except (OSError, ValueError):
             pass
-    search = path if path is not None else os.environ.get("PATH") or SAFE_PATH
-    search = os.pathsep.join(d for d in search.split(os.pathsep) if d.startswith("/"))
+    search = os.pathsep.join(d for d in raw.split(os.pathsep) if d.startswith("/"))
     for r in runtimes:
         cand = (r if r.startswith("/") else None) if "/" in r else _which(r, search)
         if not cand or not os.access(cand, os.X_OK):
@@ -179,17 +180,19 @@ def resolve_mode(mode: str, devices: Sequence[str]) -> str:
     return "legacy"
 
 
-def legacy_hook(config: str = "") -> dict[str, Any]:
+def legacy_hook(config: str = "", socket: str = "") -> dict[str, Any]:
     """The prestart hook entry: the compiled front (it starts Python isolated), told the
-    shim's own config file by argument (a hook never reads its environment)."""
+    shim's own config file and the service's socket, where not the defaults, by
+    argument (a hook never reads its environment)."""
     from libinject.apply.cdi import default_hook_path
 
-    args = ["nvhook-hook"] + (["--config", config] if config else []) + ["prestart"]
+    args = (["nvhook-hook"] + (["--config", config] if config else [])
+            + (["--socket", socket] if socket else []) + ["prestart"])
     return {"path": default_hook_path(), "args": args, "env": [f"PATH={SAFE_PATH}"]}
 
 
-def add_legacy_hook(spec: dict[str, Any], log: Log, config: str = "") -> bool:
-    hook = legacy_hook(config)
+def add_legacy_hook(spec: dict[str, Any], log: Log, config: str = "", socket: str = "") -> bool:
+    hook = legacy_hook(config, socket)
     hooks = spec.setdefault("hooks", {}).setdefault("prestart", [])
     for h in hooks:
         p = str(h.get("path", ""))
@@ -252,7 +255,9 @@ def modify(spec: dict[str, Any], cfg, log: Log) -> bool:
     mode = resolve_mode(cfg.runtime.mode, devices)
     log.debug(f"mode {cfg.runtime.mode} -> {mode}; devices {devices or 'none'} from {source}")
     if mode == "legacy":
-        return add_legacy_hook(spec, log, _explicit_config(cfg))
+        from libinject.apply.cdi import hook_socket
+
+        return add_legacy_hook(spec, log, _explicit_config(cfg), hook_socket(cfg))
     if not devices:
         log.info(f"{mode}: no devices requested")
         return False
@@ -274,32 +279,46 @@ def rewrite_bundle(bundle: str, cfg, log: Log) -> bool:
         mode = os.stat(path).st_mode & 0o7777
     except OSError:
         mode = 0o644
-    cdi.write_atomic(path, jsonc.dumps(spec, compact=True), mode)
+    # Not fsync'ed (durable=False: two fsyncs cost ~4-9 ms on a disk): the runtime we
+    # exec reads it a moment later, and after a crash the container is gone anyway.
+    cdi.write_atomic(path, jsonc.dumps(spec, compact=True), mode, durable=False)
     log.debug(f"rewrote {path}")
     return True
 
 
-def main(argv: Sequence[str]) -> int:
-    """`nvhook runtime ARGS` / nvhook-runtime: never returns on success (exec)."""
+def prepare(argv: Sequence[str], config: tuple[str, bool], path: str | None = None,
+            also: Sequence[str] = ()) -> str:
+    """All the shim does but the exec: the runtime to exec (find_runtime(path, also)),
+    and on `create` the bundle rewritten for config = (path, required) as
+    libinject.config.config_path finds it. The exec'd shim (main) and `nvhook serve`
+    for the shim's front (libinject.runtime.shim_serve) both run this: one code path."""
     from libinject import config as _config
 
     args = parse_args(argv)
-    cfg = _config.load(None)
+    cfg = _config.load_at(*config)
     log = Log(args.log, args.log_format, args.debug or cfg.runtime.log_level == "debug",
               extra=cfg.runtime.debug)
-    runtime = find_runtime(cfg.runtime.runtimes)
+    runtime = find_runtime(cfg.runtime.runtimes, path, also)
     if args.command == "create":
         try:
             rewrite_bundle(args.bundle, cfg, log)
         except NvhookError as e:
             log.error(str(e))
             raise
-    if args.command is None and ("--version" in argv or "-v" in argv):
+    log.debug(f"exec {runtime} {' '.join(argv)}")
+    return runtime
+
+
+def main(argv: Sequence[str]) -> int:
+    """`nvhook runtime ARGS` / nvhook-runtime: never returns on success (exec)."""
+    from libinject.config import config_path
+
+    runtime = prepare(argv, config_path(None, os.environ))
+    if parse_args(argv).command is None and ("--version" in argv or "-v" in argv):
         # As NVIDIA's shim: ours first, then the runtime's own (the exec prints it)
         from libinject import __version__
 
         sys.stdout.write(f"nvhook-runtime version {__version__}\n\n")
         sys.stdout.flush()
-    log.debug(f"exec {runtime} {' '.join(argv)}")
     os.execv(runtime, [runtime, *argv])
     return 127  # not reached

@@ -18,17 +18,18 @@ def gpu_env(devices: str, caps: str = "all") -> list[str]:
 
 
 def write_config(path: Path, *, root: Path, mode: str, spec_dirs=(), csv_dir: str = "",
-                 extra: str = "") -> Path:
+                 extra: str = "", runtimes: bool = True) -> Path:
     """config.toml: driver root `root`, the shim in `mode` over runc, CDI specs from
     spec_dirs, csv files from csv_dir (default: csv/ beside the config); no snapshots.
-    extra: more [nvhook] lines."""
+    extra: more [nvhook] lines. runtimes=False: no `runtimes` key (the runtime is
+    NVIDIA's default list, which the shim's front looks up itself)."""
     dirs = ", ".join(json.dumps(str(d)) for d in spec_dirs)
     text = f'''
 [nvidia-container-cli]
 root = "{root}"
 [nvidia-container-runtime]
 mode = "{mode}"
-runtimes = ["runc"]
+{'runtimes = ["runc"]' if runtimes else ''}
 [nvidia-container-runtime.modes.cdi]
 spec-dirs = [{dirs}]
 [nvidia-container-runtime.modes.csv]
