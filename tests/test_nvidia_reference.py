@@ -124,3 +124,26 @@ def test_sandboxutils_is_not_a_container_library(sim_host):
     r = run([NVHOOK, "--root", str(root), "list", "--libraries"], timeout=60)
     assert r.returncode == 0 and "libnvidia-ml.so." in r.stdout
     assert "sandboxutils" not in r.stdout
+
+
+# ---------------------------------------------------------------- CDI development links
+
+def test_cdi_spec_makes_the_development_links_tools_dlopen(sim_host, tmp_path):
+    """NVIDIA: nvidia-ctk cdi generate's create-symlinks hook makes libnvidia-ml.so,
+    libnvidia-encode.so and libnvcuvid.so (pkg/nvcdi, the driver's "dev" symlinks), the
+    unversioned names tools dlopen. nvhook's one CDI hook makes them, pointing at the
+    SONAME as ldconfig's links do; the hook and `configure` get them from the same plan."""
+    out = tmp_path / "nvidia.json"
+    r = run([NVHOOK, "--root", str(sim_host("a100x8")), "cdi", "generate", "--format", "json", "--output", str(out)],
+            timeout=120)
+    assert r.returncode == 0, r.stderr
+    args = [a for hook in json.loads(out.read_text())["containerEdits"]["hooks"] for a in hook["args"]]
+    d = "/usr/lib/x86_64-linux-gnu"
+    for lib in ("libnvidia-ml", "libnvidia-encode", "libnvcuvid"):
+        assert f"{lib}.so.1::{d}/{lib}.so" in args, lib
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc/debian_version").write_text("12.0\n")
+    r = configure(sim_host("a100x8"), rootfs, "--utility", "--video")
+    links = {(s["link"], s["target"]) for s in json.loads(r.stdout)["symlinks"]}
+    assert (f"{d}/libnvidia-ml.so", "libnvidia-ml.so.1") in links, links

@@ -132,6 +132,10 @@ def _libraries(driver: Driver, flags: Flags, lib_dir: str, lib32_dir: str) -> li
     return out
 
 
+_DEV_LINKS = {"libnvidia-ml": "libnvidia-ml.so", "libnvidia-encode": "libnvidia-encode.so",
+              "libnvcuvid": "libnvcuvid.so"}
+
+
 def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False) -> list[SymlinkEdit]:
     out: dict[str, SymlinkEdit] = {}
     mounted = {m.container_path for _, m in libs}
@@ -155,6 +159,10 @@ def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False)
                 add("libGLX_nvidia.so.0", posixpath.join(d, "libGL.so.1"))
         elif name.startswith("libnvidia-opticalflow.so"):
             add("libnvidia-opticalflow.so.1", posixpath.join(d, "libnvidia-opticalflow.so"))
+        # The development links NVIDIA's CDI specs add (nvcdi: libnvidia-ml, -encode,
+        # libnvcuvid): tools dlopen the unversioned names.
+        elif (dev := _DEV_LINKS.get(name.split(".so", 1)[0])) and lib.soname:
+            add(lib.soname, posixpath.join(d, dev))
         # The links NVIDIA's toolkit adds for graphics (internal/discover/graphics.go).
         elif name.startswith(ALLOCATOR) and graphics and not lib.compat32 and lib.soname:
             add(f"../{lib.soname}", posixpath.join(d, "gbm/nvidia-drm_gbm.so"))

@@ -161,7 +161,7 @@ PRELOAD = (
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
     "libinject.apply.ldcache_merge", "_prctl", "libinject.runtime.ceiling",
-    "libinject.runtime.cdi_hooks",
+    "libinject.runtime.cdi_hooks", "libinject.installpath",
     # the runtime shim's create (libinject.runtime.shim_serve), every mode's
     "libinject.runtime.shim", "libinject.runtime.shim_serve", "libinject.apply.cdi",
     "libinject.apply.cdi_validate", "libinject.apply.spec", "libinject.plan.csv",
