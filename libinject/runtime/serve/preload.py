@@ -25,6 +25,7 @@ PRELOAD = (
     # the runtime shim's create (libinject.runtime.serve.shim), every mode's
     "libinject.runtime.shim", "libinject.runtime.serve.shim", "libinject.apply.cdi",
     "libinject.apply.cdi_validate", "libinject.apply.spec", "libinject.plan.csv",
+    "libinject.installpath",     # (the hook path a legacy create writes: apply.cdi.default_hook_path)
 )
 
 
