@@ -374,7 +374,8 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
         with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=7"], "true") as c:
             with pytest.raises(RuncError, match="nvhook: unknown device: 7"):
                 c.create()
-        assert "learned 1 driver(s)" in s.log()
+        # (the server learns once the worker has exited, after the front had its status)
+        s.wait_until(lambda: "learned 1 driver(s)" in s.log(), "the server rediscovered")
         with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=all"], "nvidia-smi -L") as c:
             r = c.run()
         assert r.returncode == 0 and r.stdout.count("GPU ") == 7, r.stdout + r.stderr
