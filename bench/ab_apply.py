@@ -50,7 +50,10 @@ def _serve(impl: str, case: str) -> int:  # pragma: no cover - a server process
     from libinject.linux import native
     from libinject.plan.planner import plan
     from libinject.request.model import Request
-    from libinject.runtime.service import preload
+    try:
+        from libinject.runtime.serve.preload import preload
+    except ImportError:     # a tree from before the service's split into a package
+        from libinject.runtime.service import preload
     from libinject.sim.build import create_host
     from libinject.sim.rootfs import build_rootfs
 

@@ -13,8 +13,9 @@ page faults, CPU ms and wall ms from the request's arrival to its status being s
     .venv/bin/python bench/ab_served.py A_DIR B_DIR [--runs N] [--case 1|8|both]
                                         [-v] [--show TEXT] [--perf] [--block N]
     (A_DIR, B_DIR: directories holding a libinject package, e.g. a copy of the tree
-    before a change; nvhook/ and the front are this checkout's. -v: the services run
-    with -v; --show: print their log lines containing TEXT, e.g. "spares pre-fault";
+    before a change; nvhook/ is the tree's where it holds one, else this checkout's;
+    the front is this checkout's. -v: the services run with -v; --show: print their
+    log lines containing TEXT, e.g. "spares pre-fault";
     --perf: also the hook's own time, from the kernel's exec and exit of each front
     (`perf record` of two sched tracepoints, system-wide): runc's own variance, the
     largest part of the end-to-end noise here, is not in it, but neither is what the
@@ -46,7 +47,10 @@ from benchlib import await_log  # noqa: E402
 LAUNCH = r"""
 import resource, sys, time
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
-from libinject.runtime import service
+try:                    # the tree's module of _Worker
+    from libinject.runtime.serve import worker as service
+except ImportError:     # a tree from before the service's split into a package
+    from libinject.runtime import service
 orig = service._Worker.serve
 at_status = []
 def serve(self):

@@ -34,7 +34,7 @@ Usage: python bench/bench_apply.py [N] [--mode pid|self|both] [--apply worker|in
                                   [--preload] [--bare] [--tmpfs] [--impl DIR]
        (default N=20, both modes; --impl: libinject from DIR, for before/after runs;
        --preload: import what `nvhook serve` imports before its workers fork
-       (libinject.runtime.service.PRELOAD), so the in-process apply is the served hook's;
+       (libinject.runtime.serve.preload.PRELOAD), so the in-process apply is the served hook's;
        --tmpfs: host and rootfs on a tmpfs, so that the disk (shared with everything else
        on the machine) does not swamp the applier's own cost in before/after comparisons)
 """
@@ -337,7 +337,10 @@ def _bench(args: argparse.Namespace, t: Path) -> None:
     if "worker" not in inspect.signature(apply_live.apply).parameters:
         modes = [(m, w) for m, w in modes if w]      # an older applier: worker only
     if args.preload:
-        from libinject.runtime.service import preload
+        try:
+            from libinject.runtime.serve.preload import preload
+        except ImportError:     # --impl: a tree from before the service's split into a package
+            from libinject.runtime.service import preload
         preload()
     gc.collect()
     gc.freeze()      # the bench's heap is bigger than the hook's: keep fork cheap-ish

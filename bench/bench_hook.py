@@ -11,7 +11,7 @@ runc runs is within their noise). Then 50 containers with 1 GPU started at once,
 exec'd and served: all must succeed.
 
 The GPU cases run twice: exec'd (the front execs Python; --socket none) and served
-(the front hands them to a warm `nvhook serve`, libinject/runtime/service.py, started here on
+(the front hands them to a warm `nvhook serve`, libinject/runtime/serve/, started here on
 a private socket); the parallel case too.
 
     .venv/bin/python bench/bench_hook.py [--runs N] [--no-serve]

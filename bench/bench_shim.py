@@ -18,7 +18,7 @@ hook) and in cdi mode (the devices' CDI edits applied from a generated spec), ea
 fresh config.json, each GPU case twice: exec'd (the config names a socket nobody
 listens on: the front execs Python, the state before issue 24) and served (an `nvhook
 serve` this benchmark starts listens there: the front hands the create to it,
-libinject/runtime/shim_serve.py). Target (issue 24): a served GPU create adds at most
+libinject/runtime/serve/shim.py). Target (issue 24): a served GPU create adds at most
 half of what NVIDIA's shim adds to `docker run --runtime=nvidia` with a GPU on this
 machine kind (NVIDIA_SHIM_MS, its whole start: a lower bound for ours); no GPU: noise
 (<= 1 ms). Prints medians, p90 and the added time.

@@ -30,7 +30,7 @@
  * namespaces (the same proof for the service), and nothing else (csrc/serveclient.h,
  * shared with the runtime shim's front). The service
  * sends back the hook's status and what it wrote to stderr, which the front writes and
- * exits with (protocol: libinject/runtime/service.py). No service, or one that does not
+ * exits with (protocol: libinject/runtime/serve/protocol.py). No service, or one that does not
  * take the request within SERVE_WAIT_S: exec Python as before. Once the service has
  * taken it ("A" + its timeout) and we have committed ("G"), there is no falling back
  * (the container may be partly configured): its status is final.

@@ -2,7 +2,7 @@
  * The compiled fronts' client of `nvhook serve` (csrc/hookfront.c: the prestart hook and
  * `cdi-hook createRuntime`; csrc/shimfront.c: the runtime shim's `create`): one
  * implementation of connecting, checking the listener, the hello, sending a request
- * and reading the reply (protocol: libinject/runtime/service.py's docstring).
+ * and reading the reply (protocol: libinject/runtime/serve/protocol.py's docstring).
  *
  * The listener must be uid 0 and prove, with fds of its mount and pid namespaces in its
  * hello, that it runs in ours (a socket a container bound is never spoken to). The
@@ -39,8 +39,8 @@
 #define NVHOOK_SOCKET_DEFAULT "/run/nvhook/hook.sock"   /* as [nvhook] socket's default */
 #endif
 
-#define MAX_REQUEST (64 << 10)  /* as libinject.runtime.service.MAX_REQUEST */
-#define MAX_REPLY (16 << 10)    /* as libinject.runtime.service.MAX_OUTPUT + 5 */
+#define MAX_REQUEST (64 << 10)  /* as libinject.runtime.serve.protocol.MAX_REQUEST */
+#define MAX_REPLY (16 << 10)    /* as libinject.runtime.serve.protocol.MAX_OUTPUT + 5 */
 #define SERVE_GRACE_S 30        /* beyond the service's own timeout, before we give up */
 #define SERVE_WAIT_S 5          /* a wedged server costs a start this, then we do it ourselves */
 

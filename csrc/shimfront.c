@@ -20,7 +20,7 @@
  * [nvhook] socket (csrc/serveclient.h, the hook front's client; a config spelling the
  * socket in a way config_socket() does not follow: no service): the front sends its
  * argv, cwd, the config path it found, its PATH, umask and own path; a worker rewrites
- * the bundle with the exec'd shim's code (libinject/runtime/shim_serve.py) and names
+ * the bundle with the exec'd shim's code (libinject/runtime/serve/shim.py) and names
  * the runtime, which the front execs with its argv unchanged. No service, or one that
  * does not take it: Python, exec'd, as before; once taken, the service's status is final.
  * Built static where possible; logic stays in Python.
@@ -308,7 +308,7 @@ static int create_bundle(int argc, char **argv, int at)
     return open(bundle, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
-/* The service's create (libinject/runtime/shim_serve.py): the worker rewrites the
+/* The service's create (libinject/runtime/serve/shim.py): the worker rewrites the
  * bundle exactly as `nvhook runtime` would here (same code, same config, our PATH, cwd
  * and umask) and says which runtime to run; we exec it with our argv unchanged, as for
  * the pass-through commands. Returns if the service is not there or does not take it

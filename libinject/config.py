@@ -209,7 +209,7 @@ def load_at(path: str, required: bool, *, trusted: bool = False) -> Config:
     return cfg
 
 
-# A hook service worker's loads, for its one request (libinject.runtime.service sets it
+# A hook service worker's loads, for its one request (libinject.runtime.serve.worker sets it
 # in the worker: the read-only work it does while the front answers loads the config the
 # hook then asks for again, a moment later, for the same request): by what was asked.
 # None everywhere else: every load reads and checks the file.

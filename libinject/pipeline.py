@@ -25,7 +25,7 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
     discover_fn: stands in for libinject.discover.driver.discover (same signature), e.g. the
-    hook service's in-memory cache (libinject.runtime.service); plan_fn likewise for
+    hook service's in-memory cache (libinject.runtime.serve.driver_cache); plan_fn likewise for
     libinject.plan.planner.plan (the service's plans, made once per request and driver).
     in_process: apply in this process instead of a forked worker (one fork less on the
     hook's path); only for one-shot processes, since it limits this process's

@@ -1,4 +1,4 @@
-"""nvhook serve: the warm hook service (libinject.runtime.service).
+"""nvhook serve: the warm hook service (libinject.runtime.serve).
 
 The compiled hook front (csrc/hookfront.c) hands GPU containers to it over a unix
 socket and execs Python itself when nothing listens there, so running it is optional:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from libinject import config as config_mod
     from libinject.errors import NvhookError
     from libinject.runtime.sdnotify import Notifier
-    from libinject.runtime.service import Server
+    from libinject.runtime.serve.server import Server
 
     cfg = config_mod.load(args.config)
     path = args.socket or cfg.nvhook.socket

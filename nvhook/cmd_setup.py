@@ -51,7 +51,7 @@ def _service_status(args: argparse.Namespace) -> str:
     """Whether GPU containers will be served: a line for the user, after the set-up."""
     from libinject import config as _config
     from libinject.errors import NvhookError
-    from libinject.runtime.service import serving
+    from libinject.runtime.serve.listen import serving
 
     try:
         sock = _config.load(args.config).nvhook.socket

@@ -201,7 +201,7 @@ def test_non_root_peer_is_refused(tmp_path, server):
 
 
 def test_malformed_requests_are_declined(tmp_path, server):
-    from libinject.runtime import service as hookserver
+    from libinject.runtime.serve import protocol
 
     def raw(msg: bytes, fds: list[int]) -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
@@ -220,16 +220,16 @@ def test_malformed_requests_are_declined(tmp_path, server):
     other = os.open("/proc/self/ns/net", os.O_RDONLY)     # a namespace fd, not the right one
     ok = [state, *ns]
     try:
-        assert raw(good, ok)[:1] == hookserver.ACCEPTED                     # (then not committed)
-        assert raw(b"hello\0", ok)[:1] != hookserver.ACCEPTED
-        assert raw(good, [])[:1] != hookserver.ACCEPTED
-        assert raw(good, [state])[:1] != hookserver.ACCEPTED                # no namespace proof
-        assert raw(good, [state, 1, 2])[:1] != hookserver.ACCEPTED          # stdio is never taken
-        assert raw(good, [state, other, ns[1]])[:1] != hookserver.ACCEPTED  # not our mount ns
-        assert raw(serve_client.encode_request(["x", "poststop"]), ok)[:1] != hookserver.ACCEPTED
-        assert raw(serve_client.encode_request(["x", "createContainer"]), ok)[:1] != hookserver.ACCEPTED
-        assert raw(good + b"eLD_PRELOAD=/x\0", ok)[:1] != hookserver.ACCEPTED   # no env items
-        assert raw(good, [d, *ns])[:1] != hookserver.ACCEPTED               # state not a file
+        assert raw(good, ok)[:1] == protocol.ACCEPTED                       # (then not committed)
+        assert raw(b"hello\0", ok)[:1] != protocol.ACCEPTED
+        assert raw(good, [])[:1] != protocol.ACCEPTED
+        assert raw(good, [state])[:1] != protocol.ACCEPTED                  # no namespace proof
+        assert raw(good, [state, 1, 2])[:1] != protocol.ACCEPTED            # stdio is never taken
+        assert raw(good, [state, other, ns[1]])[:1] != protocol.ACCEPTED    # not our mount ns
+        assert raw(serve_client.encode_request(["x", "poststop"]), ok)[:1] != protocol.ACCEPTED
+        assert raw(serve_client.encode_request(["x", "createContainer"]), ok)[:1] != protocol.ACCEPTED
+        assert raw(good + b"eLD_PRELOAD=/x\0", ok)[:1] != protocol.ACCEPTED     # no env items
+        assert raw(good, [d, *ns])[:1] != protocol.ACCEPTED                 # state not a file
     finally:
         for fd in (state, d, other, *ns):
             os.close(fd)
@@ -240,7 +240,7 @@ def test_malformed_requests_are_declined(tmp_path, server):
 def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
     """A front that stopped waiting before committing (no "G") runs the hook itself; the
     worker must then do nothing, or the container would be configured twice."""
-    from libinject.runtime import service as hookserver
+    from libinject.runtime.serve import protocol
 
     with _runc(tmp_path, hook_config, server.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "sleep 100") as c:
         c.config["hooks"] = {}
@@ -256,7 +256,7 @@ def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
             assert serve_client.hello(s)
             msg = serve_client.encode_request(["nvhook-hook", "--config", str(hook_config), "prestart"])
             s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", mfd, *ns))])
-            assert s.recv(16)[:1] == hookserver.ACCEPTED
+            assert s.recv(16)[:1] == protocol.ACCEPTED
         for fd in (mfd, *ns):
             os.close(fd)
         server.wait_until(server.statuses, "done with the request")
@@ -271,7 +271,7 @@ def test_front_that_gave_up_is_not_served(tmp_path, hook_config, server):
 
 
 def test_parse_request():
-    from libinject.runtime.service import Request, parse_request
+    from libinject.runtime.serve.protocol import Request, parse_request
     from support.serve_client import encode_request
 
     msg = encode_request(["nvhook-hook", "--config", "/c", "prestart"], "/run/bundle")
@@ -374,7 +374,8 @@ def test_changed_host_is_seen(tmp_path, fresh_sim_host, sockdir):
         with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=7"], "true") as c:
             with pytest.raises(RuncError, match="nvhook: unknown device: 7"):
                 c.create()
-        assert "learned 1 driver(s)" in s.log()
+        # (the server learns once the worker has exited, after the front had its status)
+        s.wait_until(lambda: "learned 1 driver(s)" in s.log(), "the server rediscovered")
         with _runc(tmp_path, cfg, s.sock, ["NVIDIA_VISIBLE_DEVICES=all"], "nvidia-smi -L") as c:
             r = c.run()
         assert r.returncode == 0 and r.stdout.count("GPU ") == 7, r.stdout + r.stderr
@@ -401,7 +402,7 @@ def test_without_its_prober_a_worker_takes_its_own_fingerprint(tmp_path, fresh_s
                                                                gpu_uuids):
     """A prober that does not answer (stopped) costs a request PROBE_WAIT, never its
     container; one that died is replaced, and the next request has its fingerprint."""
-    from libinject.runtime.service import PROBE_WAIT
+    from libinject.runtime.serve.driver_cache import PROBE_WAIT
 
     cfg, s, prober = _served_with_a_prober(tmp_path, fresh_sim_host, sockdir)
     try:
@@ -497,7 +498,7 @@ def test_a_worker_report_never_puts_its_driver_in_the_cache(fresh_sim_host, tmp_
     could name /etc/shadow as a library) is never taken."""
     from libinject.discover.options import DiscoverOptions
     from libinject.record import asdict, replace
-    from libinject.runtime.service import Server
+    from libinject.runtime.serve.server import Server
 
     host = fresh_sim_host("a100x8")
     opts = DiscoverOptions(root=str(host), snapshot=True, snapshot_dir=str(tmp_path / "snap"))
@@ -547,7 +548,7 @@ def test_a_failed_rediscovery_is_not_tried_again_at_once(fresh_sim_host, tmp_pat
     import shutil
 
     from libinject.discover.options import DiscoverOptions
-    from libinject.runtime.service import Server
+    from libinject.runtime.serve.server import Server
 
     host = fresh_sim_host("a100x8")
     opts = DiscoverOptions(root=str(host), snapshot=True, snapshot_dir=str(tmp_path / "snap"))
@@ -576,7 +577,7 @@ def test_the_server_remembers_only_small_requests_plans(fresh_sim_host):
     spec's megabyte of NVIDIA_REQUIRE_* would cost the server seconds, in its loop); a
     report names at most PLANS_PER_REPORT."""
     from libinject.request.model import Request
-    from libinject.runtime.service import MAX_PLANNED_REQUEST, DriverCache
+    from libinject.runtime.serve.driver_cache import MAX_PLANNED_REQUEST, DriverCache
 
     host = str(fresh_sim_host("a100x8"))
     worker = DriverCache()
@@ -727,7 +728,7 @@ def _buffer(npages: int):
     import mmap
 
     from libinject.linux.native import address_of
-    from libinject.runtime.service import PAGE
+    from libinject.runtime.serve.prefault import PAGE
 
     m = mmap.mmap(-1, npages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     for i in range(npages):
@@ -737,13 +738,13 @@ def _buffer(npages: int):
 
 def _own(first: int, npages: int) -> list[int]:
     """Which of the pages first.. this process holds its own copy of (copied_pages)."""
-    from libinject.runtime.service import copied_pages
+    from libinject.runtime.serve.prefault import copied_pages
 
     return [p - first for f, n in copied_pages() for p in range(f, f + n) if first <= p < first + npages]
 
 
 def test_copied_pages_are_the_pages_a_fork_wrote():
-    from libinject.runtime.service import PAGE
+    from libinject.runtime.serve.prefault import PAGE
 
     m, first = _buffer(16)
 
@@ -759,7 +760,7 @@ def test_copied_pages_are_the_pages_a_fork_wrote():
 def test_prefault_copies_and_writes_nothing():
     import resource
 
-    from libinject.runtime.service import PAGE, populate_write_works, prefault
+    from libinject.runtime.serve.prefault import PAGE, populate_write_works, prefault
 
     assert populate_write_works()       # Linux >= 5.14, as on this machine kind
     m, first = _buffer(48)
@@ -785,7 +786,7 @@ def test_prefault_copies_and_writes_nothing():
 
 
 def test_prefault_stops_for_a_request():
-    from libinject.runtime.service import PREFAULT_STEP, prefault
+    from libinject.runtime.serve.prefault import PREFAULT_STEP, prefault
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:
@@ -797,7 +798,8 @@ def test_prefault_stops_for_a_request():
 
 
 def test_learned_pages_are_checked_and_bounded(sockdir):
-    from libinject.runtime.service import MAX_PREFAULT, Server
+    from libinject.runtime.serve.prefault import MAX_PREFAULT
+    from libinject.runtime.serve.server import Server
 
     s = Server(str(sockdir / "x.sock"))
     s._keep_pages([[10, 2], [20, 1]])
@@ -818,8 +820,8 @@ def test_probed_fingerprint_is_used_for_its_inputs_only(fresh_sim_host, monkeypa
     its own."""
     import json
 
-    from libinject.runtime import service
-    from libinject.runtime.service import DriverCache
+    from libinject.runtime.serve import driver_cache
+    from libinject.runtime.serve.driver_cache import DriverCache
 
     host = str(fresh_sim_host("a100x8"))
     snaps = host + "/../snaps"
@@ -829,7 +831,7 @@ def test_probed_fingerprint_is_used_for_its_inputs_only(fresh_sim_host, monkeypa
     calls = []
     real = DriverCache.key
     monkeypatch.setattr(DriverCache, "key", staticmethod(lambda *a: calls.append(a) or real(*a)))
-    monkeypatch.setattr(service, "PROBE_WAIT", 0.2)
+    monkeypatch.setattr(driver_cache, "PROBE_WAIT", 0.2)     # (where DriverCache._probed reads it)
 
     def probed(written: bytes | None, inputs=(host, None, None), close: bool = True):
         r, w = os.pipe()
@@ -869,7 +871,7 @@ def test_plans_are_made_by_the_server_from_what_workers_asked(fresh_sim_host):
 
     from libinject.plan.planner import plan
     from libinject.request.model import Request
-    from libinject.runtime.service import DriverCache
+    from libinject.runtime.serve.driver_cache import DriverCache
 
     host = str(fresh_sim_host("a100x8"))
     worker = DriverCache()
@@ -906,7 +908,7 @@ def test_prefetched_fingerprint_is_used_once(fresh_sim_host, monkeypatch):
     """A worker takes its request's fingerprint while the front answers b"A"
     (DriverCache.prefetch); discover() uses it once, for the same inputs only, and
     takes a fresh one otherwise: a host changed since is still seen by the next."""
-    from libinject.runtime.service import DriverCache
+    from libinject.runtime.serve.driver_cache import DriverCache
 
     host = str(fresh_sim_host("a100x8"))
     cache = DriverCache()

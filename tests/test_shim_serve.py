@@ -1,5 +1,5 @@
 """The runtime shim's `create` served by `nvhook serve` (csrc/shimfront.c ->
-libinject/runtime/shim_serve.py), with real runc and a real service on a simulated a100x8
+libinject/runtime/serve/shim.py), with real runc and a real service on a simulated a100x8
 host: a GPU container's create is taken by the service (no Python started by the front),
 rewrites the bundle exactly as the exec'd shim does and the container sees only its GPU,
 in legacy and cdi modes; no service, or a front the service must not serve: the exec'd
@@ -189,7 +189,7 @@ def test_a_front_in_another_mount_namespace_is_not_served(setup, tmp_path):
 def test_shim_requests_the_service_declines(setup, tmp_path):
     """A shim request is taken only well formed, for `create`, with the peer's proof of
     its namespaces and no other fd (no state, no stdio), in a cwd the worker can enter."""
-    from libinject.runtime import service
+    from libinject.runtime.serve import protocol
 
     configure, sock, start = setup
     server = start(configure("legacy"))
@@ -214,14 +214,14 @@ def test_shim_requests_the_service_declines(setup, tmp_path):
     other = os.open("/proc/self/ns/net", os.O_RDONLY)
     state = os.memfd_create("state")
     try:
-        assert ask(good, ns)[:1] == service.ACCEPTED                        # (then not committed)
-        assert ask(good, [])[:1] != service.ACCEPTED                        # no namespace proof
-        assert ask(good, [other, ns[1]])[:1] != service.ACCEPTED            # not our mount ns
-        assert ask(good, [state, *ns])[:1] != service.ACCEPTED              # no state for a shim
-        assert ask(encode(["nvhook-runtime", "start", "cid"]), ns)[:1] != service.ACCEPTED
-        assert ask(encode(["nvhook-runtime", "create", "cid"], "/no/such/dir"), ns)[:1] != service.ACCEPTED
-        assert ask(good + b"ePATH=/x\0", ns)[:1] != service.ACCEPTED        # no env items
-        assert ask(good + b"c/tmp\0", ns)[:1] != service.ACCEPTED           # each item once
+        assert ask(good, ns)[:1] == protocol.ACCEPTED                       # (then not committed)
+        assert ask(good, [])[:1] != protocol.ACCEPTED                       # no namespace proof
+        assert ask(good, [other, ns[1]])[:1] != protocol.ACCEPTED           # not our mount ns
+        assert ask(good, [state, *ns])[:1] != protocol.ACCEPTED             # no state for a shim
+        assert ask(encode(["nvhook-runtime", "start", "cid"]), ns)[:1] != protocol.ACCEPTED
+        assert ask(encode(["nvhook-runtime", "create", "cid"], "/no/such/dir"), ns)[:1] != protocol.ACCEPTED
+        assert ask(good + b"ePATH=/x\0", ns)[:1] != protocol.ACCEPTED       # no env items
+        assert ask(good + b"c/tmp\0", ns)[:1] != protocol.ACCEPTED          # each item once
     finally:
         for fd in (*ns, other, state):
             os.close(fd)
@@ -232,8 +232,8 @@ def test_shim_requests_the_service_declines(setup, tmp_path):
 
 
 def test_parse_shim_request():
-    from libinject.runtime.service import parse_request
-    from libinject.runtime.shim_serve import ShimRequest
+    from libinject.runtime.serve.protocol import parse_request
+    from libinject.runtime.serve.shim import ShimRequest
 
     base = [b"NVSHIM1", b"anvhook-runtime", b"acreate", b"acid", b"c/b", b"F/etc/x.toml", b"x/f", b"u27"]
 

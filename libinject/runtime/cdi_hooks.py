@@ -28,7 +28,7 @@ The stage is in the argv because it decides where the work is done, and the hook
   crun 1.8.1, podman 4.3.1 checked: the host's pid in the state, whose process is a
   child of the hook's own parent, the runtime). That is where `nvhook serve` lives: the
   compiled front hands it over as it hands over the prestart hook (same proofs, same
-  worker, libinject.runtime.service), and the work enters the container's mount
+  worker, libinject.runtime.serve.worker), and the work enters the container's mount
   namespace through that pid exactly as the prestart hook does (libinject.apply.live
   with a pid: every container path resolved inside the rootfs, host sources opened in
   our namespace first). No service (rootless, none running, a busy one): the front
@@ -193,7 +193,7 @@ def _check_flags(args) -> None:
 
 def handle(args, state: bytes, cwd: str | None, hook_pid: int | str) -> int:
     """`cdi-hook STAGE` for one container, for both paths: the exec'd Python (run) and a
-    `nvhook serve` worker (libinject.runtime.service), whose caller is the front with pid
+    `nvhook serve` worker (libinject.runtime.serve.worker), whose caller is the front with pid
     hook_pid (the process the runtime started). Errors: one line on stderr, status 1."""
     from libinject.errors import NvhookError, report
 

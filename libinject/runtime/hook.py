@@ -155,7 +155,7 @@ def run(args) -> int:
 
 def handle(stage: str, state: bytes, args, *, cwd: str | None, discover=None, plan=None) -> int:
     """The hook's whole job for one container, for both paths: the exec'd Python (run)
-    and a `nvhook serve` worker (libinject.runtime.service). Errors: one line on stderr
+    and a `nvhook serve` worker (libinject.runtime.serve.worker). Errors: one line on stderr
     ("nvhook: ..."), exit status 1.
 
     state: the state JSON as read from stdin (at most MAX_STATE_BYTES + 1 bytes);

@@ -291,7 +291,7 @@ def prepare(argv: Sequence[str], config: tuple[str, bool], path: str | None = No
     """All the shim does but the exec: the runtime to exec (find_runtime(path, also)),
     and on `create` the bundle rewritten for config = (path, required) as
     libinject.config.config_path finds it. The exec'd shim (main) and `nvhook serve`
-    for the shim's front (libinject.runtime.shim_serve) both run this: one code path."""
+    for the shim's front (libinject.runtime.serve.shim) both run this: one code path."""
     from libinject import config as _config
 
     args = parse_args(argv)

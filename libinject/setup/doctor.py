@@ -101,7 +101,7 @@ def _fronts() -> list[Check]:
 
 
 def _service(sock: str) -> Check:
-    from libinject.runtime.service import serving
+    from libinject.runtime.serve.listen import serving
 
     if serving(sock):
         return Check(OK, "service", f"nvhook serve answers on {sock}: GPU containers are served")
@@ -226,7 +226,7 @@ def _cgroups() -> Check:
 
 def _kernel() -> Check:
     from libinject.linux import native
-    from libinject.runtime.service import populate_write_works
+    from libinject.runtime.serve.prefault import populate_write_works
 
     missing = []
     try:

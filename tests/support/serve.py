@@ -81,17 +81,18 @@ class Serve:
 
     def workers(self) -> list[int]:
         """The server's children but its idle spare worker and its prober."""
-        from libinject.runtime.service import PROBER_NAME, SPARE_NAME
+        from libinject.runtime.serve.prober import PROBER_NAME
+        from libinject.runtime.serve.worker import SPARE_NAME
 
         return self._named(lambda comm: comm not in (SPARE_NAME, PROBER_NAME))
 
     def spares(self) -> list[int]:
-        from libinject.runtime.service import SPARE_NAME
+        from libinject.runtime.serve.worker import SPARE_NAME
 
         return self._named(lambda comm: comm == SPARE_NAME)
 
     def probers(self) -> list[int]:
-        from libinject.runtime.service import PROBER_NAME
+        from libinject.runtime.serve.prober import PROBER_NAME
 
         return self._named(lambda comm: comm == PROBER_NAME)
 

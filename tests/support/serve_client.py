@@ -1,12 +1,12 @@
 """A Python client of `nvhook serve`, doing what csrc/hookfront.c does (protocol:
-libinject/runtime/service.py's docstring)."""
+libinject/runtime/serve/protocol.py's docstring)."""
 from __future__ import annotations
 
 import os
 import socket
 import struct
 
-from libinject.runtime.service import ACCEPTED, CRASHED, GO, HELLO, MAGIC, NAMESPACES, STATUS
+from libinject.runtime.serve.protocol import ACCEPTED, CRASHED, GO, HELLO, MAGIC, NAMESPACES, STATUS
 
 
 def encode_request(argv: list[str], cwd: str | None = "/") -> bytes:

@@ -8,7 +8,7 @@ The front asks the service first: a worker runs libinject.runtime.shim.prepare()
 very function the exec'd shim runs, and answers with the runtime to exec; the front
 execs it with its argv unchanged (as it does for the pass-through commands).
 
-The request (libinject.runtime.service carries it like the hook's; one message):
+The request (libinject.runtime.serve.protocol carries it like the hook's; one message):
   b"NVSHIM1\\0" then items, each b"<kind><value>\\0":
     a  the front's argv, one item each (argv[0] the front's name, then runc's arguments)
     c  the front's cwd (absolute): a relative --bundle, NVHOOK_CONFIG or --log is
@@ -25,7 +25,7 @@ absolute path, a NUL, then anything the shim wrote to stderr; else the shim's on
 
 Trust: the environment these come from is the engine's (the exec'd shim reads the
 same), and the service serves only uid-0 peers in its own mount and pid namespaces
-(libinject.runtime.service): the cwd, paths and PATH the front names mean there what
+(libinject.runtime.serve.peer): the cwd, paths and PATH the front names mean there what
 they mean to the front, and a peer could run `nvhook runtime` itself with any of them.
 What the service cannot vouch for is what it finds there: the bundle's config.json is
 the container's spec, read and written by the same guarded code as the exec'd shim's
