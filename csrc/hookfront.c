@@ -127,19 +127,24 @@ static const char *opt_value(const char *name)
     return NULL;
 }
 
-/* The command (first positional argument), as nvhook/cli.py finds it. */
-static const char *command(void)
+/* Where the command (first positional argument) is, as nvhook/cli.py finds it; 0: none. */
+static int command_at(void)
 {
     for (int i = 1; i < g_argc; i++) {
         if (is_one_of(g_argv[i], VALUED)) {
             i++;
             continue;
         }
-        if (g_argv[i][0] == '-')
-            continue;
-        return g_argv[i];
+        if (g_argv[i][0] != '-')
+            return i;
     }
-    return NULL;
+    return 0;
+}
+
+static const char *command(void)
+{
+    int i = command_at();
+    return i ? g_argv[i] : NULL;
 }
 
 static void die(const char *what)
@@ -216,16 +221,8 @@ static void exec_python(const char *main_code, int serve)
 /* The argument after the command (cdi-hook's own subcommand), else NULL. */
 static const char *subcommand(void)
 {
-    for (int i = 1; i < g_argc; i++) {
-        if (is_one_of(g_argv[i], VALUED)) {
-            i++;
-            continue;
-        }
-        if (g_argv[i][0] == '-')
-            continue;
-        return i + 1 < g_argc ? g_argv[i + 1] : NULL;
-    }
-    return NULL;
+    int i = command_at();
+    return i && i + 1 < g_argc ? g_argv[i + 1] : NULL;
 }
 
 /* Is this a stage the runtime runs in its own namespaces, where the service may take it:
