@@ -31,9 +31,10 @@ NOISE = ("var/log/journal", "var/lib/systemd", "run", "tmp", "var/tmp",
          "var/log/dpkg.log", "var/log/alternatives.log")      # dpkg's own record of each run
 
 
-def debootstrap(dest: Path, packages: str = PACKAGES) -> Path:
-    """Debian 12 (minbase, with `packages`: systemd and runc by default) in dest."""
-    r = subprocess.run([MMDEBSTRAP, "--variant=minbase", f"--include={packages}", "bookworm", str(dest)],
+def debootstrap(dest: Path, packages: str = PACKAGES, suite: str = "bookworm") -> Path:
+    """Debian `suite` (12 by default; minbase, with `packages`: systemd and runc by
+    default) in dest."""
+    r = subprocess.run([MMDEBSTRAP, "--variant=minbase", f"--include={packages}", suite, str(dest)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return dest
