@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         q.add_argument("--library", action="append", default=[], metavar="HOST::CONTAINER",
                        help="a library the spec mounts into a --folder (its host file is read "
                             "for the ld cache)")
+        q.add_argument("--cuda-compat-driver-major", default="", metavar="N",
+                       help="the driver's major version: the image's CUDA forward-compat libcuda "
+                            "(/usr/local/cuda/compat) goes first in its ld cache where newer")
         stages.append(q)
     s = sub.add_parser("create-symlinks", help="(older specs) create symlinks in the container")
     _links(s)

@@ -125,7 +125,10 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
                   and m.container_path.rpartition("/")[0] in ("/usr/lib/x86_64-linux-gnu",
                                                               "/usr/lib/i386-linux-gnu")]
     assert [v for f, v in flags if f == "--library"] == lib_mounts and lib_mounts
-    assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder", "--library"}
+    # the image's CUDA forward compat against the driver's major (enable-cuda-compat)
+    assert [v for f, v in flags if f == "--cuda-compat-driver-major"] == [driver.info.driver_version.split(".")[0]]
+    assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder", "--library",
+                                     "--cuda-compat-driver-major"}
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     # a full GPU: its node only; a MIG device: parent node + gi/ci access caps
     assert [n["path"] for n in by_name["1"]["deviceNodes"]] == ["/dev/nvidia1"]

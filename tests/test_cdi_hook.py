@@ -394,3 +394,31 @@ def test_create_container_entries_are_never_sent(tmp_path, a100_host, gpu_uuids,
     assert r.returncode == 0, r.stdout + r.stderr
     assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
     assert cdi_server.statuses() == [] and "declined" not in cdi_server.log(), cdi_server.log()
+
+
+# -- CUDA forward compat (NVIDIA's enable-cuda-compat hook) -------------------------------
+
+@pytest.mark.parametrize("compat_major", [999, 500], ids=["newer", "older"])
+def test_cuda_forward_compat_in_cdi_mode(tmp_path, specs, compat_major):
+    """NVIDIA: nvidia-ctk's spec runs `enable-cuda-compat --host-driver-version=V` (toolkit
+    internal/discover/compat_libs.go): an image's /usr/local/cuda/compat libcuda newer
+    than the driver goes first in its loader's search. nvhook's one hook does it with
+    --cuda-compat-driver-major (the spec has it from the driver, 550 here): a compat
+    libcuda.so.999.x is what the image's ld cache names; a 500.x one is left out."""
+    from support.applyenv import HOST_LDCONFIG, elf
+
+    spec = json.loads((specs["none"] / "nvidia.json").read_text())
+    [hook] = spec["containerEdits"]["hooks"]
+    at = hook["args"].index("--cuda-compat-driver-major")
+    assert hook["args"][at + 1] == "550"
+    with cdi_container(tmp_path, specs["none"], script="true") as c:
+        compat = c.rootfs / "usr/local/cuda/compat"
+        compat.mkdir(parents=True)
+        elf(compat / f"libcuda.so.{compat_major}.1.1", "libcuda.so.1")
+        r = c.run()
+        cache = subprocess.run([HOST_LDCONFIG, "-p", "-C", str(c.rootfs / "etc/ld.so.cache")],
+                               capture_output=True, text=True).stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = [ln.split("=> ")[1] for ln in cache.splitlines() if "libcuda.so.1 (libc6,x86-64)" in ln][0]
+    assert first == ("/usr/local/cuda/compat/libcuda.so.1" if compat_major == 999
+                     else "/usr/lib/x86_64-linux-gnu/libcuda.so.1"), cache

@@ -98,6 +98,10 @@ class HookOptions:
     config: str = ""                           # --config passed to the hooks ("" = default)
     stage: str = HOOK_STAGE                    # the hook entry's hookName (HOOK_STAGES)
     socket: str = ""                           # --socket: the hook service ("" = the front's default)
+    # The driver's major version: the hook puts the image's CUDA forward-compat libcuda
+    # (/usr/local/cuda/compat) first where it is newer (NVIDIA's enable-cuda-compat
+    # hook, --host-driver-version). 0: no such step.
+    cuda_compat_major: int = 0
 
 
 def check_hook_options(opts: HookOptions) -> None:
@@ -163,6 +167,8 @@ def edits_hook(opts: HookOptions, *, procfs: bool = False, links: Sequence[Symli
             args += ["--ldconfig", opts.ldconfig]
         for f in folders:
             args += ["--folder", f]
+        if opts.cuda_compat_major:
+            args += ["--cuda-compat-driver-major", str(opts.cuda_compat_major)]
         inside = {f.rstrip("/") for f in folders}
         for m in mounts:
             if m.kind == "library" and posixpath.dirname(m.container_path) in inside:
@@ -358,6 +364,9 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
         return _mig_caps_spec(driver, plan, vendor, cls, hook, all_device)
 
     base = plan(devices="none")
+    major = driver.info.driver_version.split(".", 1)[0]
+    if major.isdigit() and not hook.cuda_compat_major:
+        hook = replace(hook, cuda_compat_major=int(major))
     if mask_procfs and base.procfs is not None and driver.procfs_dir:
         hook = replace(hook, procfs_dir=driver.procfs_dir)
     else:

@@ -72,7 +72,8 @@ SINGLE = ("create-symlinks", "update-ldcache", "mask-procfs")
 DEFAULT_LDCONFIG = "@/sbin/ldconfig"
 # STAGE's flags (each takes a value; --link and --folder repeat)
 _FLAGS = {"--procfs-dir": "procfs_dir", "--mig-minors": "mig_minors", "--link": "link",
-          "--folder": "folder", "--ldconfig": "ldconfig", "--library": "library"}
+          "--folder": "folder", "--ldconfig": "ldconfig", "--library": "library",
+          "--cuda-compat-driver-major": "cuda_compat_driver_major"}
 _REPEATED = ("link", "folder", "library")
 
 
@@ -86,7 +87,7 @@ def parse_argv(argv: list[str], ns):
         return None
     ns.hook = argv[0]
     ns.link, ns.folder, ns.library = [], [], []
-    ns.procfs_dir = ns.mig_minors = ns.rootfs = ""
+    ns.procfs_dir = ns.mig_minors = ns.rootfs = ns.cuda_compat_driver_major = ""
     ns.ldconfig = DEFAULT_LDCONFIG
     i = 1
     while i < len(argv):
@@ -110,6 +111,19 @@ def _rootfs(given: str, cwd: str | None) -> tuple[str, dict]:
     bundle = oci_state.bundle_dir(state, cwd)
     spec = oci_state.load_config(bundle)
     return oci_state.rootfs_path(spec, bundle), spec
+
+
+def _cuda_compat(major: str):
+    """--cuda-compat-driver-major N: the image's forward-compat libcuda first in its ld
+    cache where newer than driver N (the hook's "ldconfig" cuda-compat mode)."""
+    from libinject.errors import NvhookError
+    from libinject.plan.edits import CudaCompatEdit
+
+    if not major:
+        return None
+    if not major.isdigit() or len(major) > 6:
+        raise NvhookError(f"invalid --cuda-compat-driver-major {major!r}: expected the driver's major version")
+    return CudaCompatEdit(mode="ldconfig", driver_major=int(major))
 
 
 def parse_libraries(values: list[str]):
@@ -222,7 +236,8 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
     folders = tuple(dict.fromkeys(args.folder))
     edits = ContainerEdits(procfs=procfs.procfs if procfs is not None else None,
                            symlinks=parse_links(args.link), ldconfig_folders=folders,
-                           mounts=parse_libraries(args.library) if folders else ())
+                           mounts=parse_libraries(args.library) if folders else (),
+                           cuda_compat=_cuda_compat(args.cuda_compat_driver_major) if folders else None)
     if edits.procfs is None and not edits.symlinks and not edits.ldconfig_folders:
         return 0
     # The image's data comes next (its ld cache, its tree): bounded, as the hook's start.
