@@ -80,11 +80,13 @@ class Serve:
         return out
 
     def workers(self) -> list[int]:
-        """The server's children but its idle spare worker and its prober."""
-        from libinject.runtime.serve.prober import PROBER_NAME
-        from libinject.runtime.serve.worker import SPARE_NAME
+        """The server's children working on a request (named so once they take it). Not
+        "every child but the spare and the prober": a spare forked a moment ago has not
+        named itself yet, and a test that killed "the worker" then killed it instead
+        (test_server_survives_a_worker_crash waited out its 60 s)."""
+        from libinject.runtime.serve.worker import WORKER_NAME
 
-        return self._named(lambda comm: comm not in (SPARE_NAME, PROBER_NAME))
+        return self._named(lambda comm: comm == WORKER_NAME)
 
     def spares(self) -> list[int]:
         from libinject.runtime.serve.worker import SPARE_NAME
