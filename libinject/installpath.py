@@ -20,11 +20,10 @@ def bin_dir() -> str:
     current = os.path.join(os.path.dirname(prefix), "current")
     try:
         target = os.readlink(current)
-    except OSError:
+        ours = target.rstrip("/") in (os.path.basename(prefix), prefix) and os.path.samefile(current, prefix)
+    except OSError:         # no link, or one that leads nowhere
         return here
-    if target.rstrip("/") in (os.path.basename(prefix), prefix) and os.path.samefile(current, prefix):
-        return os.path.join(current, os.path.basename(here))
-    return here
+    return os.path.join(current, os.path.basename(here)) if ours else here
 
 
 def program(name: str) -> str:

@@ -35,3 +35,10 @@ def test_an_older_version_is_named_as_itself(tmp_path, monkeypatch):
     os.symlink("0.2.0", tmp_path / "current")
     monkeypatch.setattr(installpath.sys, "executable", str(old / "python3.11"))
     assert installpath.program("nvhook-hook") == str(old / "nvhook-hook")
+
+
+def test_a_current_link_that_leads_nowhere_is_ignored(tmp_path, monkeypatch):
+    bindir = _install(tmp_path, "0.1.0")
+    os.symlink("0.1.0-gone", tmp_path / "current")
+    monkeypatch.setattr(installpath.sys, "executable", str(bindir / "python3.11"))
+    assert installpath.program("nvhook-hook") == str(bindir / "nvhook-hook")
