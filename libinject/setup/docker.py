@@ -45,16 +45,23 @@ def _indent(text: str) -> str | None:
     return "    "
 
 
+def parse(data: bytes | None, path: str) -> dict:
+    """daemon.json's object (empty or absent: {}); anything else is one line."""
+    try:
+        text = (data or b"").decode("utf-8")
+        doc = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, ValueError) as e:
+        raise NvhookError(f"{path}: not valid JSON ({e}); nothing changed") from None
+    if not isinstance(doc, dict):
+        raise NvhookError(f"{path}: not a JSON object; nothing changed")
+    return doc
+
+
 def edit(data: bytes | None, path: str, shim: str, *, set_as_default: bool = False,
          cdi: bool = False) -> bytes:
     """daemon.json's bytes with the nvidia runtime (and the default and CDI keys)."""
-    try:
-        text = (data or b"").decode("utf-8")
-        old = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, ValueError) as e:
-        raise NvhookError(f"{path}: not valid JSON ({e}); nothing changed") from None
-    if not isinstance(old, dict):
-        raise NvhookError(f"{path}: not a JSON object; nothing changed")
+    old = parse(data, path)
+    text = (data or b"").decode("utf-8")        # valid: parse() read it
     doc = json.loads(json.dumps(old))           # a deep copy, key order kept
     runtimes = doc.setdefault("runtimes", {})
     if not isinstance(runtimes, dict):

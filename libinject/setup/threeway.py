@@ -31,14 +31,9 @@ def parse(fmt: str, data: bytes | None, path: str):
         from libinject.setup import tomldoc
 
         return tomldoc.parse(data, path)
-    try:
-        text = (data or b"").decode("utf-8")
-        doc = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, ValueError) as e:
-        raise NvhookError(f"{path}: not valid JSON ({e}); nothing changed") from None
-    if not isinstance(doc, dict):
-        raise NvhookError(f"{path}: not a JSON object; nothing changed")
-    return doc
+    from libinject.setup import docker
+
+    return docker.parse(data, path)
 
 
 def plain(fmt: str, doc) -> dict:
