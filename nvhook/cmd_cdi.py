@@ -88,8 +88,9 @@ def _spec_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--driver-root", default=None,
                    help="driver root (default: --root, else the config's, else /)")
     g.add_argument("--dev-root", default=None, help="where dev/ and proc/ are read (default: driver root)")
-    g.add_argument("--capabilities", default="all",
-                   help="driver capabilities to include (as NVIDIA_DRIVER_CAPABILITIES; default all)")
+    g.add_argument("--capabilities", default=None,
+                   help="driver capabilities to include (as NVIDIA_DRIVER_CAPABILITIES; default "
+                        "all but compat32, as nvidia-ctk: 'all' adds the 32-bit libraries)")
     g.add_argument("--lib-dir", default=None,
                    help="container library dir (default /usr/lib/x86_64-linux-gnu)")
     g.add_argument("--hook-path", default=None,
@@ -147,7 +148,8 @@ def _spec_maker(args: argparse.Namespace):
     strategies = [s.strip() for v in (args.device_name_strategy or ["index,uuid"])
                   for s in v.split(",") if s.strip()]
     cdi.check_strategies(strategies)
-    caps = {c.strip() for c in args.capabilities.split(",") if c.strip()}
+    caps = ({c.strip() for c in args.capabilities.split(",") if c.strip()}
+            if args.capabilities is not None else set(cdi.DEFAULT_CAPABILITIES))
     bad = caps - {"all", *ALL_CAPABILITIES}
     if bad:
         raise NvhookError(f"unknown capability {','.join(sorted(bad))} "

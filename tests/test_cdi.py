@@ -93,15 +93,37 @@ def test_none_and_mig_caps_validate_for_every_profile(sim_host, tmp_path, profil
         assert (r.returncode, r.stdout) == (1, "") and "not MIG capable" in r.stderr
 
 
+def test_capabilities_all_puts_the_32_bit_libraries_in(sim_host):
+    """The default spec leaves compat32 out (nvidia-ctk's has no 32-bit libraries);
+    --capabilities all mounts them, links them and adds their folder to the ld cache."""
+    host = sim_host("a100x8")
+    default, full = generate(host), generate(host, "--capabilities", "all")
+    i386 = "/usr/lib/i386-linux-gnu/"
+
+    def flags(spec):
+        [hook] = spec["containerEdits"]["hooks"]
+        return list(zip(hook["args"][3::2], hook["args"][4::2]))
+
+    ours = {m["containerPath"] for m in full["containerEdits"]["mounts"]}
+    assert {m["containerPath"] for m in default["containerEdits"]["mounts"]} == {
+        p for p in ours if not p.startswith(i386)}
+    assert "/usr/lib/i386-linux-gnu/libcuda.so.550.163.01" in ours
+    assert ("--folder", "/usr/lib/i386-linux-gnu") in flags(full)
+    assert ("--link", "libcuda.so.550.163.01::/usr/lib/i386-linux-gnu/libcuda.so.1") in flags(full)
+    assert not [v for _, v in flags(default) if i386 in v]
+
+
 def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     from libinject.plan import planner as P
     from libinject.request.model import Request
 
+    from libinject.apply.cdi import DEFAULT_CAPABILITIES
+
     host = sim_host("h100x8-mig")
     spec = generate(host)
     driver = driver_of(host)
-    base = P.plan(Request(devices="none", capabilities=frozenset({"all"}), cuda_compat_mode="disabled"),
-                  driver)
+    base = P.plan(Request(devices="none", capabilities=frozenset(DEFAULT_CAPABILITIES),
+                          cuda_compat_mode="disabled"), driver)
     top = spec["containerEdits"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in top["env"]
     # every library/binary/firmware/ipc mount of the driver-only plan, in plan order
@@ -118,12 +140,12 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     flags = list(zip(args[3::2], args[4::2]))
     assert flags[0] == ("--procfs-dir", driver.procfs_dir)
     assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks]
-    assert [v for f, v in flags if f == "--folder"] == ["/usr/lib/x86_64-linux-gnu",
-                                                       "/usr/lib/i386-linux-gnu"]
+    # no 32-bit libraries by default, as nvidia-ctk's spec
+    assert [v for f, v in flags if f == "--folder"] == ["/usr/lib/x86_64-linux-gnu"]
+    assert not [m for m in top["mounts"] if "i386" in m["containerPath"]]
     # the libraries the spec mounts into those folders, for the in-process ld cache merge
     lib_mounts = [f"{m.host_path}::{m.container_path}" for m in base.mounts if m.kind == "library"
-                  and m.container_path.rpartition("/")[0] in ("/usr/lib/x86_64-linux-gnu",
-                                                              "/usr/lib/i386-linux-gnu")]
+                  and m.container_path.rpartition("/")[0] == "/usr/lib/x86_64-linux-gnu"]
     assert [v for f, v in flags if f == "--library"] == lib_mounts and lib_mounts
     # the image's CUDA forward compat against the driver's major (enable-cuda-compat)
     assert [v for f, v in flags if f == "--cuda-compat-driver-major"] == [driver.info.driver_version.split(".")[0]]

@@ -8,7 +8,7 @@ sees the same device nodes, driver files (size and checksum), symlinks,
 whether the GPUs came from
   1. the OCI prestart hook (`nvhook prestart`, runc),
   2. `nvhook configure --pid` on a running runc container,
-  3. the runtime shim in cdi mode (runc) applying our generated CDI spec,
+  3. the runtime shim in cdi mode (runc) applying our generated CDI spec (all capabilities),
   4. podman 4.3.1 applying the same CDI spec itself.
 """
 from __future__ import annotations
@@ -48,7 +48,9 @@ def test_hook_configure_shim_and_podman_give_the_same_container(sim_host, tmp_pa
         script += DRM_OPENS
     specs = tmp_path / "specs"
     specs.mkdir()
-    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.yaml")])
+    # every capability (the default spec leaves compat32 out), as the other three ask
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "--capabilities", "all",
+             "-o", str(specs / "nvidia.yaml")])
     assert r.returncode == 0, r.stderr
     cfg = write_config(tmp_path / "config.toml", root=host, mode="cdi", spec_dirs=[specs])
     monkeypatch.setenv("NVHOOK_CONFIG", str(cfg))

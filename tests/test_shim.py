@@ -23,7 +23,9 @@ def shim_env(monkeypatch, sim_host, tmp_path):
     host = sim_host("a100x8")
     specs = tmp_path / "specs"
     specs.mkdir()
-    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.json")])
+    # every capability (the default spec leaves compat32 out): what the hook gives for "all"
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "--capabilities", "all",
+             "-o", str(specs / "nvidia.json")])
     assert r.returncode == 0, r.stderr
     monkeypatch.setattr(R, "RUNC", SHIM)
 

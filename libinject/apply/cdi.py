@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from libinject.constants import SAFE_PATH
+from libinject.constants import ALL_CAPABILITIES, SAFE_PATH
 from libinject.linux import atomic
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
@@ -47,6 +47,11 @@ DEFAULT_VENDOR = "nvidia.com"
 DEFAULT_CLASS = "gpu"
 DEFAULT_KIND = f"{DEFAULT_VENDOR}/{DEFAULT_CLASS}"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+# What a spec holds unless asked otherwise: every capability but compat32, as nvidia-ctk's
+# spec (no 32-bit libraries). They are a third of its mounts, links and hook arguments,
+# and every CDI start pays for them (podman parses the whole spec on each start, runc
+# makes each mount's target): `--capabilities all` puts them in.
+DEFAULT_CAPABILITIES = tuple(c for c in ALL_CAPABILITIES if c != "compat32")
 STRATEGIES = ("index", "uuid", "type-index")
 HOOK_ENV = (f"PATH={SAFE_PATH}",)
 HOOK_STAGE = "createRuntime"            # where `nvhook serve` can take the hook
@@ -346,7 +351,7 @@ def _with_all(devices: list[dict[str, Any]], nodes: Iterable[DeviceEdit], hook: 
 
 def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
              strategies: Sequence[str] = ("index", "uuid"),
-             capabilities: Iterable[str] = ("all",), hook: HookOptions,
+             capabilities: Iterable[str] = DEFAULT_CAPABILITIES, hook: HookOptions,
              lib_dir: str | None = None, lib32_dir: str | None = None,
              mask_procfs: bool = True, mode: str = "gpu",
              devices: Sequence[str] = ("all",), all_device: bool = True) -> dict[str, Any]:
