@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -103,11 +104,11 @@ def test_generated_spec_has_one_hook_entry(a100_host, tmp_path):
     assert hook["hookName"] == "createRuntime" and hook["path"] == hookenv.ensure_front()
     assert hook["args"][:3] == ["nvhook-hook", "cdi-hook", "createRuntime"]
     assert hook["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-    assert {"--procfs-dir", "--link", "--folder", "--library"} <= set(hook["args"])
-    libs = [a for a in hook["args"] if "::" in a and a.startswith("/")]
-    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01" in [a.split("::")[1] for a in libs]
-    mounts = {(m["hostPath"], m["containerPath"]) for m in spec["containerEdits"]["mounts"]}
-    assert libs and all(tuple(a.split("::")) in mounts for a in libs)
+    assert {"--procfs-dir", "--link", "--folder"} <= set(hook["args"])
+    # the libraries are the spec's mounts, not listed again (the hook finds them among
+    # the container's bind mounts): no host path in the hook's arguments
+    assert "--library" not in hook["args"]
+    assert not [a for a in hook["args"] if str(a_host_lib(a100_host)) in a]
     assert not any(d["containerEdits"].get("hooks") for d in spec["devices"])
     assert list(official_validator().iter_errors(spec)) == []
     other = generate(a100_host, tmp_path / "b.json", "--hook-stage", "createContainer",
@@ -117,6 +118,10 @@ def test_generated_spec_has_one_hook_entry(a100_host, tmp_path):
     assert hook2["args"][:5] == ["nvhook-hook", "--socket", "/run/x.sock", "cdi-hook", "createContainer"]
     assert hook2["args"][5:] == hook["args"][3:]
     assert list(official_validator().iter_errors(other)) == []
+
+
+def a_host_lib(host: Path) -> Path:
+    return host / "usr/lib/x86_64-linux-gnu"
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -179,9 +184,55 @@ def test_the_createContainer_variant_does_the_same(tmp_path, a100_host, gpu_uuid
     d.mkdir()
     generate(a100_host, d / "nvidia.json", "--hook-stage", "createContainer", "--hook-socket", "none")
     with cdi_container(tmp_path, d) as c:
+        image_cache(c.rootfs, True)
         r = c.run()
+        merged = not ldconfig_ran(c.rootfs)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+    assert merged       # the spec's libraries found among the mounts there too
+
+
+def test_the_containers_own_mounts_in_a_library_dir(tmp_path, specs, a100_host, gpu_uuids):
+    """The hook takes the libraries to merge from the container's bind mounts (the spec
+    no longer lists them), so the container's config chooses what is looked at. Attack:
+    a config that also binds a FIFO, a device node and a directory into the library dir
+    under library names. None is opened (a FIFO's open would hang the hook, a device's
+    could act): the GPU start goes on, merged, without entries for them; a real ELF
+    library a user binds there gets its entry, as ldconfig would give it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    lib = tmp_path / "libzextra.so.1"
+    lib.write_bytes(Path("/lib/x86_64-linux-gnu/libz.so.1").read_bytes())   # SONAME libz.so.1
+    (tmp_path / "adir").mkdir()
+    d = "/usr/lib/x86_64-linux-gnu"
+    with cdi_container(tmp_path, specs["none"]) as c:
+        # an image whose cache covers the library dir (else, with files there that are
+        # not the spec's, ldconfig runs, and on a FIFO it waits out its timeout: that
+        # image's own start, as before)
+        (c.rootfs / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        shutil.copy(c.rootfs / "lib/x86_64-linux-gnu/libresolv.so.2", c.rootfs / d.lstrip("/"))
+        image_cache(c.rootfs, True)
+        c.config["mounts"] += [
+            {"destination": f"{d}/libfifo.so.1", "source": str(fifo), "type": "bind", "options": ["bind"]},
+            {"destination": f"{d}/libnull.so.1", "source": "/dev/null", "type": "bind", "options": ["bind"]},
+            {"destination": f"{d}/libdir.so.1", "source": str(tmp_path / "adir"), "type": "bind",
+             "options": ["rbind"]},
+            {"destination": "/opt/extra/libresolv.so.2", "source": str(lib), "type": "bind",
+             "options": ["bind", "ro"]},        # not in a --folder: not ours to add
+            {"destination": f"{d}/libzextra.so.1", "source": str(lib), "type": "bind", "options": ["bind", "ro"]},
+        ]
+        t0 = time.monotonic()
+        r = c.run()
+        took = time.monotonic() - t0
+        cache = (c.rootfs / "etc/ld.so.cache").read_bytes()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert took < 30
+    assert_gpu1(r.stdout + r.stderr, a100_host, gpu_uuids)
+    assert b"/opt/extra/libresolv.so.2" not in cache                   # merged, not ldconfig
+    assert f"{d}/libcuda.so.1".encode() in cache
+    assert f"{d}/libz.so.1".encode() in cache                           # libzextra's SONAME
+    for name in (b"libfifo.so.1", b"libnull.so.1", b"libdir.so.1"):
+        assert name not in cache
 
 
 def _tree(d: Path) -> list[tuple[str, int]]:

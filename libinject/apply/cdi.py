@@ -156,12 +156,13 @@ def _under_proc(path: str) -> bool:
 
 
 def edits_hook(opts: HookOptions, *, procfs: bool = False, links: Sequence[SymlinkEdit] = (),
-               folders: Sequence[str] = (), mounts: Sequence[MountEdit] = ()) -> dict[str, Any] | None:
+               folders: Sequence[str] = ()) -> dict[str, Any] | None:
     """The one hook entry doing every step asked for (None: no step): the procfs mask,
     the symlinks, the ld cache (applied in the live applier's order whatever the
-    order of the flags). The libraries the spec mounts into the ld cache's folders go
-    with it (--library HOST::CONTAINER): the hook merges them into the image's cache
-    in-process (libinject.apply.ldcache_merge) instead of running ldconfig."""
+    order of the flags). The libraries the spec mounts into the ld cache's folders are
+    not listed again: the hook finds them among the container's bind mounts and merges
+    them into the image's cache in-process (libinject.runtime.cdi_hooks.spec_libraries,
+    libinject.apply.ldcache_merge) instead of running ldconfig."""
     args: list[str] = []
     if procfs and opts.procfs_dir:
         args += ["--procfs-dir", opts.procfs_dir]
@@ -174,10 +175,6 @@ def edits_hook(opts: HookOptions, *, procfs: bool = False, links: Sequence[Symli
             args += ["--folder", f]
         if opts.cuda_compat_major:
             args += ["--cuda-compat-driver-major", str(opts.cuda_compat_major)]
-        inside = {f.rstrip("/") for f in folders}
-        for m in mounts:
-            if m.kind == "library" and posixpath.dirname(m.container_path) in inside:
-                args += ["--library", f"{m.host_path}::{m.container_path}"]
     return _hook(opts, *args) if args else None
 
 
@@ -197,8 +194,7 @@ def to_cdi(edits: ContainerEdits, opts: HookOptions, *, env: Sequence[str] = (),
     if mounts:
         out["mounts"] = mounts
     hooks: list[dict[str, Any]] = []
-    ours = edits_hook(opts, procfs=procfs, links=edits.symlinks, folders=edits.ldconfig_folders,
-                      mounts=edits.mounts)
+    ours = edits_hook(opts, procfs=procfs, links=edits.symlinks, folders=edits.ldconfig_folders)
     if ours is not None:
         hooks.append(ours)
     for h in edits.hooks:

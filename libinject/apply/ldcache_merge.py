@@ -546,8 +546,10 @@ def _read_elf_fd(fd: int) -> tuple[os.stat_result | None, tuple[bytes | None, in
 # `nvhook serve` calls with the libraries its own discovery found (in its own mount
 # namespace) before it forks workers, so they inherit it; nothing else fills it, and it
 # is never written anywhere. A worker's lookups are by fstat of the source fds the
-# planner chose and the applier opened on the host side: a container's files are never
-# keys (and a key only ever stands for the facts of that same file).
+# applier opened on the host side, or of the runtime's mounts of a CDI spec's libraries
+# found in the container (live._image_library): a key is the identity of the very inode
+# (device, inode, sizes and times the kernel keeps), so a container's own file never
+# matches a driver library's facts unless it is that file.
 _FACTS: dict[tuple[int, int, int, int, int], tuple[bytes | None, int] | None] = {}
 _UNKNOWN = object()
 MAX_FACTS = 4096

@@ -497,7 +497,8 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
         for m in edits.mounts:      # (in edits.mounts' order: _apply zips the two)
             if m.kind == RUNTIME_LIBRARY:
                 s = _runtime_library(m.host_path)
-                fds.append(s.fd)
+                if s.fd >= 0:
+                    fds.append(s.fd)
                 src.mounts.append(s)
             else:
                 src.mounts.append(next(mine))
@@ -546,7 +547,10 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
 def _runtime_library(path: str) -> _Source:
     """A library the runtime mounted from `path` (a CDI spec's mount, as the runtime
     resolved it): only read (its ELF header, for the ld cache), so a plain O_PATH fd,
-    not a detached mount; a regular file."""
+    not a detached mount; a regular file. No path: the library is known by its
+    container path only, and read where the runtime mounted it (_image_library): fd -1."""
+    if not path:
+        return _Source(-1, None)  # type: ignore[arg-type]
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as e:
@@ -609,11 +613,44 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
     _mark("devices")
     if folders:
         from libinject.apply import ldconfig as ldc
-        ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark,
-                   # ours, and those the runtime mounted (a CDI spec's): their host sources
-                   libraries=[(m.container_path, s.fd) for m, s in mounts
-                              if m.kind in ("library", RUNTIME_LIBRARY)],
-                   links=edits.symlinks)
+        # ours, and those the runtime mounted (a CDI spec's): their host sources, or
+        # the files at their container paths
+        libraries, opened = [], []
+        try:
+            for m, s in mounts:
+                if m.kind == RUNTIME_LIBRARY and s.fd < 0:
+                    fd = _image_library(root, m.container_path)
+                    if fd is None:
+                        continue
+                    opened.append(fd)
+                    libraries.append((m.container_path, fd))
+                elif m.kind in ("library", RUNTIME_LIBRARY):
+                    libraries.append((m.container_path, s.fd))
+            ldc.update(root, folders, exec_fd=src.ldconfig_fd, ldconfig=ldconfig, mark=_mark,
+                       libraries=libraries, links=edits.symlinks)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+
+def _image_library(root: RootFS, path: str) -> int | None:
+    """O_PATH fd of the regular file at `path` in the rootfs (the runtime's mount of a
+    driver library, at createRuntime and createContainer), or None: not there, or not a
+    regular file (never a symlink followed, nothing on procfs/sysfs). Only its ELF
+    header is read (ldcache_merge, bounded by its size); a file the merge does not
+    find for a planned link makes it fall back to ldconfig."""
+    try:
+        fd = root.resolve(path, os.O_PATH | os.O_NOFOLLOW)
+    except (OSError, NvhookError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and fs_type(fd) not in (native.PROC_SUPER_MAGIC, native.SYSFS_MAGIC):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics", "devdir", "runtime-library")
-# A library the runtime mounts itself (a CDI spec's mount; `cdi-hook --library`): the
-# live applier never mounts it, it reads its host source for the ld.so.cache merge.
+# A library the runtime mounts itself (a CDI spec's mount): the live applier never mounts
+# it, it reads its ELF header for the ld.so.cache merge, from its host source (an older
+# spec's `cdi-hook --library HOST::CONTAINER`) or, with no host_path, where the runtime
+# mounted it in the container (libinject.runtime.cdi_hooks.spec_libraries).
 RUNTIME_LIBRARY = "runtime-library"
 
 

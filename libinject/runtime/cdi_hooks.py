@@ -6,7 +6,7 @@ edits, with an explicit env, that does every step those edits need in one call (
 process, one namespace entry, one journal, one ldconfig):
 
   cdi-hook createRuntime [--procfs-dir DIR [--mig-minors F]] [--link TARGET::LINK ...]
-                         [--folder DIR ... [--library HOST::CONTAINER ...]] [--ldconfig @PATH]
+                         [--folder DIR ...] [--ldconfig @PATH]
 
 - --procfs-dir: a read-only tmpfs over /proc/driver/nvidia with the host's params
   (ModifyDeviceFiles: 0), version and registry, and the gpus/<busid> directories and MIG
@@ -15,12 +15,12 @@ process, one namespace entry, one journal, one ldconfig):
   rules allow). A CDI spec cannot express this as mounts: runc refuses OCI mounts under
   /proc.
 - --link TARGET::LINK: symlinks in the container (LINK -> TARGET).
-- --folder DIR [--ldconfig @/sbin/ldconfig]: the container's ld cache. --library names
-  the libraries the spec mounts into those folders (host path::container path): their
-  host files' ELF headers are merged into the image's cache in-process
-  (libinject.apply.ldcache_merge, as the prestart hook does for the libraries it mounts)
-  instead of running the sandboxed ldconfig, which stays the fallback wherever the
-  merge does not cover the image.
+- --folder DIR [--ldconfig @/sbin/ldconfig]: the container's ld cache. The libraries
+  the runtime bind-mounted into those folders (the spec's mounts: spec_libraries; an
+  older spec names them, --library HOST::CONTAINER) have their ELF headers merged into
+  the image's cache in-process (libinject.apply.ldcache_merge, as the prestart hook does
+  for the libraries it mounts) instead of running the sandboxed ldconfig, which stays
+  the fallback wherever the merge does not cover the image.
 
 The stage is in the argv because it decides where the work is done, and the hook entry
 (the spec's hookName) is what says it:
@@ -141,6 +141,36 @@ def parse_libraries(values: list[str]):
     return tuple(out)
 
 
+MAX_SPEC_MOUNTS = 4096      # of a container's config.json mounts looked at (a real one: ~60)
+
+
+def spec_libraries(spec: dict, folders: tuple[str, ...]):
+    """The libraries the runtime mounted into `folders` (the CDI spec's mounts, as the
+    engine put them in the container's config): its bind mounts there, by container
+    path alone. The hook reads them where the runtime mounted them (at createRuntime
+    and createContainer the mounts are made), so the spec need not list them again
+    (`--library`, ~30 arguments of host::container paths that podman parses on every
+    start). The config is the container's, so it chooses only which files *of the
+    container* get ld cache entries, as a user's own volume into a library dir gets
+    one from ldconfig; their ELF headers are read bounded, by fd, regular files only."""
+    from libinject.plan.edits import RUNTIME_LIBRARY, MountEdit
+
+    inside = {f.rstrip("/") for f in folders}
+    out: dict[str, MountEdit] = {}
+    mounts = spec.get("mounts")
+    for m in mounts[:MAX_SPEC_MOUNTS] if isinstance(mounts, list) else ():
+        if not isinstance(m, dict):
+            continue
+        dest, opts = m.get("destination"), m.get("options")
+        bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
+        if not bind or not isinstance(dest, str) or not dest.startswith("/") or "\0" in dest:
+            continue
+        dest = os.path.normpath(dest)
+        if os.path.dirname(dest) in inside and dest not in out:
+            out[dest] = MountEdit(host_path="", container_path=dest, kind=RUNTIME_LIBRARY)
+    return tuple(out.values())
+
+
 def parse_links(values: list[str]):
     from libinject.plan.edits import SymlinkEdit
     from libinject.errors import NvhookError
@@ -234,9 +264,11 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
     rootfs = oci_state.rootfs_path(spec, bundle)
     procfs = procfs_edits(spec, args.procfs_dir, args.mig_minors) if args.procfs_dir else None
     folders = tuple(dict.fromkeys(args.folder))
+    libraries = ((parse_libraries(args.library) if args.library else spec_libraries(spec, folders))
+                 if folders else ())
     edits = ContainerEdits(procfs=procfs.procfs if procfs is not None else None,
                            symlinks=parse_links(args.link), ldconfig_folders=folders,
-                           mounts=parse_libraries(args.library) if folders else (),
+                           mounts=libraries,
                            cuda_compat=_cuda_compat(args.cuda_compat_driver_major) if folders else None)
     if edits.procfs is None and not edits.symlinks and not edits.ldconfig_folders:
         return 0
