@@ -7,10 +7,10 @@ import gc
 import json
 import os
 import socket
-import struct
 
 from libinject.runtime.serve.children import _close_all_but
 from libinject.runtime.serve.driver_cache import DriverCache
+from libinject.runtime.serve.protocol import received_fds
 from libinject.runtime.serve.worker import INTERNAL, _Worker
 
 TYPE_CHECKING = False
@@ -46,10 +46,7 @@ class _Prober:  # pragma: no cover - runs in a forked child (covered by tests/te
                 return 0
             if not data:
                 return 0                    # the server closed its end
-            fds: list[int] = []
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+            fds = received_fds(anc)
             try:
                 inputs = json.loads(data)
                 key = DriverCache.key(*inputs)

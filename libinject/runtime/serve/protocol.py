@@ -30,6 +30,8 @@ Protocol (SOCK_SEQPACKET, one message each way, so no framing):
 from __future__ import annotations
 
 import os
+import socket
+import struct
 
 from libinject.record import record
 from libinject.runtime.serve import shim as shim_serve
@@ -94,6 +96,15 @@ def parse_request(data: bytes) -> Request | ShimRequest:
     if len(argv) < 2:
         raise ValueError("no command")
     return Request(tuple(argv), cwd)
+
+
+def received_fds(ancdata: list) -> list[int]:
+    """The fds a recvmsg's ancillary data carried (SCM_RIGHTS), in order."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+    return fds
 
 
 def _read_fd(fd: int) -> bytes:

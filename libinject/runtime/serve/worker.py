@@ -22,7 +22,7 @@ from libinject.runtime.serve.peer import _same_ns
 from libinject.runtime.serve.prefault import PREFAULTING, copied_pages, prefault
 from libinject.runtime.serve.protocol import (
     ACCEPTED, GO, MAX_OUTPUT, MAX_REQUEST, NAMESPACES, NFDS, RECV_TIMEOUT, SERVED_STAGES, STATUS,
-    Request, _read_fd, parse_request)
+    Request, _read_fd, parse_request, received_fds)
 from libinject.runtime.serve.shim import ShimRequest
 
 TYPE_CHECKING = False
@@ -112,10 +112,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             if e.errno != errno.ECONNRESET:     # (the server stopping: its end closed)
                 server.log(f"spare worker {os.getpid()}: {e}")
             return INTERNAL
-        fds: list[int] = []
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+        fds = received_fds(anc)
         sock.close()
         if len(data) != 8 or len(fds) != 4:
             return 0                        # the server closed its end: not needed
@@ -141,10 +138,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         except OSError as e:
             self.log(f"request from pid {self.peer}: {e}")
             return INTERNAL
-        fds: list[int] = []
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+        fds = received_fds(anc)
         req = self._check(data, flags, fds)
         if req is None:
             return 0            # declined: the front falls back to exec'ing Python
