@@ -289,11 +289,16 @@ def test_parse_request():
 # -- failures inside the server ---------------------------------------------------------------
 
 def _hanging_config(tmp_path, host) -> Path:
-    # The hook log is a FIFO nobody reads: the worker blocks opening it (the exec'd hook
-    # would too), while the front, which never touches the log, waits for the server.
-    fifo = tmp_path / "hang.fifo"
-    os.mkfifo(fifo)
-    return hookenv.write_config(tmp_path / "hang.toml", host, log=fifo)
+    # A driver root of its own whose NVML hangs (the warm cache is for `host`, so the
+    # worker discovers this one itself) and a wait on it far past the test: the worker
+    # blocks, while the front, which never discovers, waits for the server. (A FIFO as
+    # the log file once did this; the log now refuses one without opening it.)
+    from libinject.sim.build import create_host
+
+    slow = create_host(tmp_path / "hanging-host", profile="t4x1")
+    (slow / "etc/nvhook-sim").mkdir(parents=True, exist_ok=True)
+    (slow / "etc/nvhook-sim/nvml.conf").write_text("delay_ms = 300000\n")
+    return hookenv.write_config(tmp_path / "hang.toml", slow, extra="nvml-timeout = 600\n")
 
 
 def _front(config: Path, sock: Path, bundle: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
