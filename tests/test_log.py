@@ -32,3 +32,38 @@ def test_writers_in_many_processes_keep_it_bounded(tmp_path):
         text = f.read_text()
         assert len(text) <= 4000 + 4 * 100
         assert all(" INFO w" in ln and ln.endswith("y" * 30) for ln in text.splitlines())
+
+
+def test_two_writers_past_the_bound_never_drop_the_file_before(tmp_path, monkeypatch):
+    """B and A both find the log past its bound and both check it is still the file they
+    wrote: B is stopped between its check and its rename, A renames it to FILE.1, C's
+    next line starts a new file; B's rename then moved C's new file over FILE.1, so the
+    full one was dropped a rotation early. (Threads: flock() locks are per open file, so
+    they exclude each other as processes' would.)"""
+    import threading
+
+    monkeypatch.setattr(log, "MAX_BYTES", 1000)
+    path = tmp_path / "hook.log"
+    path.write_text("old line\n" * 120)                 # past the bound: the next line rotates
+    paused, go = threading.Event(), threading.Event()
+    rename = os.rename
+
+    def stopping_rename(*args, **kw):
+        if threading.current_thread().name == "B":
+            paused.set()
+            assert go.wait(60)
+        return rename(*args, **kw)
+
+    monkeypatch.setattr(os, "rename", stopping_rename)
+    b = threading.Thread(target=log.Log(str(path)).info, args=("from B",), name="B")
+    b.start()
+    assert paused.wait(60)
+    log.Log(str(path)).info("from A")
+    log.Log(str(path)).info("from C")
+    go.set()
+    b.join(60)
+    assert not b.is_alive()
+    old = (tmp_path / "hook.log.1").read_text()
+    new = path.read_text() if path.exists() else ""
+    assert old.startswith("old line\n" * 120)           # the full file is FILE.1, not dropped
+    assert sorted(ln.split(" INFO ")[1] for ln in (old + new).splitlines()[120:]) == ["from A", "from B", "from C"]
