@@ -609,7 +609,11 @@ def load_file(path: str) -> dict[str, Any]:
     """A spec file (.json or .yaml; YAML is a superset of JSON) as a dict."""
     from libinject.linux.files import read_bounded
 
-    data = read_bounded(path, MAX_SPEC_BYTES, "CDI spec")
+    return loads(read_bounded(path, MAX_SPEC_BYTES, "CDI spec") or b"", path)
+
+
+def loads(data: bytes, path: str) -> dict[str, Any]:
+    """A spec file's bytes (read from path: its name says JSON or YAML) as a dict."""
     if format_of(path, "yaml") == "json":
         from libinject.request.oci_state import loads_json
 

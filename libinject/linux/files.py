@@ -6,10 +6,13 @@ not a hang.
 Symlinks are followed: these paths are the host's own (an engine's bundle, /etc), where
 a symlink is an ordinary thing (a k8s ConfigMap is one); what must never happen is
 blocking on or reading from something that is not a file, and the checks on the opened
-fd guarantee that whatever the path resolves to.
+fd guarantee that whatever the path resolves to. Where others may write the directory
+(/var/run/cdi, which device plugins' containers are given), follow=False: a link there
+could name a device, whose open alone may act (a watchdog, a tape), so it is not opened.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -25,20 +28,24 @@ def kind(mode: int) -> str:
 
 
 def read_bounded(path: str, limit: int, what: str, *, missing_ok: bool = False,
-                 check=None) -> bytes | None:
+                 check=None, follow: bool = True) -> bytes | None:
     """The whole file, at most `limit` bytes; NvhookError naming `what` and path otherwise
     (also for anything but a regular file). A missing file is None when missing_ok
     (callers with a default). check(fd, stat): called on the opened file before it is
-    read (it raises to refuse it): what is checked is what is read."""
+    read (it raises to refuse it): what is checked is what is read. follow=False: a
+    symlink as the last component is refused, not opened (module doc)."""
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOCTTY: a tty given
         # as a config must not become our controlling terminal.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+                     | (0 if follow else os.O_NOFOLLOW))
     except FileNotFoundError:
         if missing_ok:
             return None
         raise NvhookError(f"cannot read {what} {path}: No such file or directory") from None
     except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise NvhookError(f"cannot read {what} {path}: a symlink (not followed)") from None
         raise NvhookError(f"cannot read {what} {path}: {e.strerror}") from None
     except ValueError:  # a NUL in the path
         raise NvhookError(f"cannot read {what} {path!r}: invalid path") from None

@@ -27,7 +27,8 @@ MAX_LINKS = 40          # as the kernel's path walk (ELOOP past it)
 _FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _owner(st: os.stat_result) -> str:
+def owner(st: os.stat_result) -> str:
+    """Who owns st, in words ("nobody (uid 65534)")."""
     try:
         import pwd
 
@@ -87,7 +88,7 @@ def open_dir(path: str, what: str, owners: frozenset[int] | None = None) -> int:
                 nst = os.fstat(nfd)
                 if stat.S_ISLNK(nst.st_mode):
                     if nst.st_uid not in trusted:
-                        raise NvhookError(f"{what}: {shown} is a symlink owned by {_owner(nst)}")
+                        raise NvhookError(f"{what}: {shown} is a symlink owned by {owner(nst)}")
                     who = writable_by_others(st, sticky_ok=True, group_ok=False)
                     if who:
                         raise NvhookError(f"{what}: {shown} is a symlink in {where}, which "
@@ -121,7 +122,7 @@ def open_dir(path: str, what: str, owners: frozenset[int] | None = None) -> int:
 def _check_dir(st: os.stat_result, where: str, path: str, what: str, trusted: frozenset[int],
                last: bool) -> None:
     if st.st_uid not in trusted:
-        raise NvhookError(f"{what}: directory {where} is owned by {_owner(st)}")
+        raise NvhookError(f"{what}: directory {where} is owned by {owner(st)}")
     # The directory holding the file: nobody but its owner may add or swap entries there.
     who = writable_by_others(st, sticky_ok=not last, group_ok=not last)
     if who:

@@ -111,11 +111,12 @@ def _service(sock: str) -> Check:
 
 # -- the engines -----------------------------------------------------------------------------
 
-def _read(path: str) -> bytes | None:
-    """The file (at most 4 MiB), None when absent; NvhookError when it cannot be read."""
+def _read(path: str, what: str = "file", follow: bool = True, limit: int = 4 << 20) -> bytes | None:
+    """The file (at most `limit` bytes), None when absent; NvhookError when it cannot be
+    read (a FIFO or a device is not opened to wait or act: read_bounded)."""
     from libinject.linux.files import read_bounded
 
-    return read_bounded(path, 4 << 20, "file", missing_ok=True)
+    return read_bounded(path, limit, what, missing_ok=True, follow=follow)
 
 
 def _points(name: str, path: str, found: Any, want: str, setup: str) -> Check:
@@ -192,14 +193,20 @@ def _hooksd(directory: str) -> Check | None:
 
 
 def _cdi_spec(path: str, config: str | None, root: str | None, ldcache: str | None) -> Check | None:
-    from libinject.apply.cdi_validate import validate_file
+    from libinject.apply import cdi
+    from libinject.apply.cdi_validate import validate
     from libinject.setup.podman import spec_text
 
-    data = _read(path)
+    # Read once, by an fd that is not a link's: a spec directory may be one a device
+    # plugin's container writes (/var/run/cdi), and what is judged is what was read.
+    try:
+        data = _read(path, "CDI spec", follow=False, limit=cdi.MAX_SPEC_BYTES)
+    except NvhookError as e:
+        return Check(FAIL, "cdi", str(e), f"remove it, then `nvhook cdi refresh --output {path}`")
     if data is None:
         return None
     try:
-        problems = validate_file(path)
+        problems = validate(cdi.loads(data, path))
     except NvhookError as e:
         problems = [str(e)]
     if problems:

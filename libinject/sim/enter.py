@@ -20,6 +20,11 @@ over the host's:
   /etc/ld.so.cache                one made in there by the host's ldconfig, listing both
 
 Only ROOT's files are read; nothing is written on the host. Root only (mounts).
+
+CMD runs as root with ROOT's programs on PATH, ROOT's libraries in the loader's cache and
+ROOT's dev/ over /dev, so ROOT must be root's alone (check_trusted): a ROOT another user
+made, or could still change, would be that user's root. It is refused, with one line,
+before anything is mounted or run.
 """
 from __future__ import annotations
 
@@ -33,6 +38,10 @@ LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu", "usr/bin")
 LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 # Characters overlayfs's option parser takes as separators in lowerdir.
 _OVERLAY_SPECIAL = (",", ":", "\\")
+# What of ROOT is shown to CMD (_setup), checked entry by entry (check_trusted).
+SHOWN = ("dev", "proc/driver/nvidia", "proc/driver/nvidia-caps", "proc/devices", "sys/bus/pci/devices",
+         *LIB_DIRS, "lib/firmware")
+MAX_ENTRIES = 100_000       # a simulated host has a few hundred
 
 
 def check_root(root: str) -> str:
@@ -45,6 +54,102 @@ def check_root(root: str) -> str:
     if any(c in path for c in _OVERLAY_SPECIAL):
         raise NvhookError(f"sim enter: {path}: ',', ':' and '\\' cannot be in the path (overlayfs options)")
     return path
+
+
+def check_trusted(root: str) -> None:
+    """ROOT is root's alone (module doc), or NvhookError naming what is not: ROOT and
+    every directory above it root's and writable by nobody else (a sticky one above may
+    be: libinject.linux.safedir), each part of it in SHOWN reached without a symlink,
+    every entry there root's, no file or directory there writable by group or others,
+    and no symlink under dev/ leading out of it (CMD's opens of /dev/X as root would
+    follow it)."""
+    from libinject.linux import safedir
+
+    what = f"sim enter: {root}"
+    tail = "; ROOT must be root's alone (CMD runs its programs as root): build it as root"
+    try:
+        fd = safedir.open_dir(root, what, owners=frozenset({0}))
+    except OSError as e:
+        raise NvhookError(f"{what}: {e.strerror}") from None
+    except NvhookError as e:
+        raise NvhookError(f"{e}{tail}") from None
+    try:
+        seen = 0
+        for rel in SHOWN:
+            seen += _check_shown(fd, rel, what, tail, MAX_ENTRIES - seen)
+    except OSError as e:    # (unreadable, or too many open directories: not a simulated host)
+        raise NvhookError(f"{what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _check_shown(root_fd: int, rel: str, what: str, tail: str, budget: int) -> int:
+    """check_trusted for ROOT/rel (absent: nothing to check); how many entries it has."""
+    import stat
+
+    from libinject.linux import safedir
+
+    def refuse(shown: str, why: str) -> NvhookError:
+        return NvhookError(f"{what}: {shown} {why}{tail}")
+
+    def check(st: os.stat_result, shown: str, target: str = "") -> None:
+        if st.st_uid != 0:
+            raise refuse(shown, f"is owned by {safedir.owner(st)}, not root")
+        if stat.S_ISLNK(st.st_mode):
+            # dev/dri/by-path/* -> ../renderD128 is what a GPU host has; one leading
+            # out of dev/ would take root's opens of /dev/X in CMD anywhere on the host.
+            if shown.startswith("dev/"):
+                inside = os.path.normpath(os.path.join(os.path.dirname(shown), target))
+                if target.startswith("/") or not inside.startswith("dev/"):
+                    raise refuse(shown, f"is a symlink out of dev/ ({target}): CMD's opens of /dev "
+                                        "would follow it")
+        elif (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and st.st_mode & 0o022:
+            raise refuse(shown, "is writable by group or others")
+
+    fd = os.dup(root_fd)
+    try:
+        parts = rel.split("/")
+        for i, name in enumerate(parts):
+            shown = "/".join(parts[:i + 1])
+            try:
+                nfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                return 0
+            os.close(fd)
+            fd = nfd
+            st = os.fstat(fd)
+            check(st, shown)
+            if stat.S_ISLNK(st.st_mode):
+                raise refuse(shown, "is a symlink (what CMD is shown is not followed out of ROOT)")
+            if not stat.S_ISDIR(st.st_mode):
+                return 1        # (proc/devices, a file)
+        # Depth first, by fd, never through a link (os.fwalk would stat through them).
+        n = 1
+        stack = [(os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), rel)]
+        try:
+            while stack:
+                dfd, where = stack.pop()
+                try:
+                    with os.scandir(dfd) as entries:
+                        for entry in entries:
+                            n += 1
+                            if n > budget:
+                                raise NvhookError(f"{what}: more than {MAX_ENTRIES} entries: "
+                                                  "not a simulated host")
+                            st = entry.stat(follow_symlinks=False)
+                            link = os.readlink(entry.name, dir_fd=dfd) if stat.S_ISLNK(st.st_mode) else ""
+                            check(st, f"{where}/{entry.name}", link)
+                            if stat.S_ISDIR(st.st_mode):
+                                stack.append((os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                                      | os.O_CLOEXEC, dir_fd=dfd), f"{where}/{entry.name}"))
+                finally:
+                    os.close(dfd)
+        finally:
+            for dfd, _ in stack:
+                os.close(dfd)
+        return n
+    finally:
+        os.close(fd)
 
 
 def _submounts(under: str) -> list[str]:
@@ -128,6 +233,7 @@ def enter(root: str, argv: list[str]) -> int:
     root = check_root(root)
     if os.geteuid() != 0:
         raise NvhookError("sim enter: needs root (it mounts in a private mount namespace)")
+    check_trusted(root)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:   # the child sets up its own namespace and becomes CMD
