@@ -41,6 +41,18 @@ class Log:
         self.ident = ident
         self.prefix = prefix
         self._refused: set[str] = set()
+        self._dirs: dict[str, int] = {}     # path -> its directory's fd, checked once
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError, TypeError):    # (at interpreter exit)
+            pass
 
     def enabled(self, level: str) -> bool:
         return bool(self.paths) and LEVELS[level] >= self.level
@@ -65,15 +77,19 @@ class Log:
             return
         data = (self._line(level, msg) + "\n").encode(errors="replace")
         for path in self.paths:
+            if path in self._refused:
+                continue
             try:
-                append(path, data)
+                dfd = self._dirs.get(path)
+                if dfd is None:
+                    dfd = self._dirs[path] = open_dir(path)
+                append_at(dfd, path, data)
             except NvhookError as e:
-                if path not in self._refused:     # one line per file, not one per line
-                    self._refused.add(path)
-                    try:
-                        os.write(2, f"nvhook: {escape(str(e))}; not logging there\n".encode(errors="replace"))
-                    except OSError:
-                        pass
+                self._refused.add(path)     # one line per file, not one per line
+                try:
+                    os.write(2, f"nvhook: {escape(str(e))}; not logging there\n".encode(errors="replace"))
+                except OSError:
+                    pass
             except OSError:     # no such directory, a full disk: a log never fails a container
                 pass
 
@@ -112,45 +128,48 @@ def escape(text: str) -> str:
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def append(path: str, data: bytes) -> None:
-    """data appended to log file `path`, then rotated past MAX_BYTES (module doc).
+def open_dir(path: str) -> int:
+    """An fd of log file `path`'s directory, reached as the module doc says.
     NvhookError: a path we refuse (planted, or another user could have); OSError: one
-    we cannot write."""
+    we cannot reach (a missing directory)."""
     from libinject.linux import safedir
 
-    what = f"log file {path}"
     directory, name = os.path.split(os.path.abspath(path))
     if not name:
-        raise NvhookError(f"{what}: not a file name")
-    dfd = safedir.open_dir(directory, what)
-    try:
-        try:
-            # O_NONBLOCK: a FIFO there must not stop the start (ENXIO without a reader).
-            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_NOCTTY | os.O_CLOEXEC, 0o640, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise NvhookError(f"{what}: a symlink (not followed)") from None
-            if e.errno == errno.ENXIO:
-                raise NvhookError(f"{what}: a fifo, not a regular file") from None
-            raise
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                from libinject.linux.files import kind
+        raise NvhookError(f"log file {path}: not a file name")
+    return safedir.open_dir(directory, f"log file {path}")
 
-                raise NvhookError(f"{what}: {kind(st.st_mode)}, not a regular file")
-            if st.st_uid not in (0, os.geteuid()):
-                raise NvhookError(f"{what}: owned by uid {st.st_uid}")
-            if st.st_nlink > 1:     # another name for it may be someone else's file
-                raise NvhookError(f"{what}: has {st.st_nlink} hard links")
-            os.write(fd, data)
-            if os.fstat(fd).st_size > MAX_BYTES:
-                _rotate(dfd, name, fd)
-        finally:
-            os.close(fd)
+
+def append_at(dfd: int, path: str, data: bytes) -> None:
+    """data appended to log file `path` (its directory: dfd, from open_dir), then
+    rotated past MAX_BYTES. NvhookError: a file we refuse; OSError: one we cannot write."""
+    what = f"log file {path}"
+    name = os.path.basename(os.path.abspath(path))
+    try:
+        # O_NONBLOCK: a FIFO there must not stop the start (ENXIO without a reader).
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_NOCTTY | os.O_CLOEXEC, 0o640, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NvhookError(f"{what}: a symlink (not followed)") from None
+        if e.errno == errno.ENXIO:
+            raise NvhookError(f"{what}: a fifo, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            from libinject.linux.files import kind
+
+            raise NvhookError(f"{what}: {kind(st.st_mode)}, not a regular file")
+        if st.st_uid not in (0, os.geteuid()):
+            raise NvhookError(f"{what}: owned by uid {st.st_uid}")
+        if st.st_nlink > 1:     # another name for it may be someone else's file
+            raise NvhookError(f"{what}: has {st.st_nlink} hard links")
+        os.write(fd, data)
+        if os.fstat(fd).st_size > MAX_BYTES:
+            _rotate(dfd, name, fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
 
 
 def _rotate(dfd: int, name: str, fd: int) -> None:
