@@ -10,9 +10,10 @@ file's directory; a relative path here would land wherever the process's cwd is)
 Root writes these files for every container, so nobody else may choose where a line
 lands or what it looks like: the directory is reached by fd (libinject.linux.safedir:
 no link or directory another user planted, and nobody but root can write the directory
-holding the file), the file is opened O_NOFOLLOW and must be a regular file of root's
-with one link; a path failing that is not written, with one `nvhook:` line on stderr
-(never failing the container). Control characters, and whatever else a terminal or a
+holding the file; for host root only, as the fronts' checks: in a rootless engine's user
+namespace root's files show as the overflow uid), the file is opened O_NOFOLLOW and must
+be a regular file of ours with one link; a path failing that is not written, with one
+`nvhook:` line on stderr (never failing the container). Control characters, and whatever else a terminal or a
 line-based reader could take for structure, are escaped (escape()): a value from the
 container cannot end a line or forge the next.
 """
@@ -137,12 +138,16 @@ def open_dir(path: str) -> int:
     directory, name = os.path.split(os.path.abspath(path))
     if not name:
         raise NvhookError(f"log file {path}: not a file name")
+    if not safedir.host_root():     # (a rootless runtime's shim: the user's own writes)
+        return os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     return safedir.open_dir(directory, f"log file {path}")
 
 
 def append_at(dfd: int, path: str, data: bytes) -> None:
     """data appended to log file `path` (its directory: dfd, from open_dir), then
     rotated past MAX_BYTES. NvhookError: a file we refuse; OSError: one we cannot write."""
+    from libinject.linux import safedir
+
     what = f"log file {path}"
     name = os.path.basename(os.path.abspath(path))
     try:
@@ -161,7 +166,7 @@ def append_at(dfd: int, path: str, data: bytes) -> None:
             from libinject.linux.files import kind
 
             raise NvhookError(f"{what}: {kind(st.st_mode)}, not a regular file")
-        if st.st_uid not in (0, os.geteuid()):
+        if st.st_uid not in (0, os.geteuid()) and safedir.host_root():
             raise NvhookError(f"{what}: owned by uid {st.st_uid}")
         if st.st_nlink > 1:     # another name for it may be someone else's file
             raise NvhookError(f"{what}: has {st.st_nlink} hard links")

@@ -59,6 +59,20 @@ def writable_by_others(st: os.stat_result, *, sticky_ok: bool, group_ok: bool) -
     return ""
 
 
+def host_root() -> bool:
+    """Whether we are root of the initial user namespace (uid_map the identity over all
+    uids; unreadable counts as yes). Anyone else (a user; root of a user namespace, a
+    rootless engine's, where the host's root shows as the overflow uid) can write only
+    what its own user can: the walk's owner checks are for host root's writes."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            return f.read(4096).split() == [b"0", b"0", b"4294967295"]
+    except OSError:
+        return True
+
+
 def open_dir(path: str, what: str, owners: frozenset[int] | None = None) -> int:
     """An O_PATH fd of directory `path` (absolute), reached from / without following a
     link others could have planted (module doc). Otherwise NvhookError starting with

@@ -6,7 +6,7 @@ from __future__ import annotations
 # What the hook (and the children it forks without exec) may import: all of it before
 # any worker runs, so no worker ever reads Python from the front's mount namespace.
 PRELOAD = (
-    "argparse", "ctypes", "errno", "glob", "grp", "json", "posixpath", "pwd",
+    "argparse", "ctypes", "errno", "fcntl", "glob", "grp", "json", "posixpath", "pwd",
     "re", "resource", "select", "signal", "stat", "struct", "subprocess", "time", "tomllib",
     "traceback", "pathlib", "prctl",
     "libinject.linux.native", "libinject.errors", "libinject.linux.files", "libinject.discover.model", "libinject.request.model",
@@ -15,7 +15,7 @@ PRELOAD = (
     "libinject.discover.ldcache", "libinject.discover.libraries", "libinject.plan.select", "libinject.plan.require",
     "libinject.plan.procfs", "libinject.plan.planner", "libinject.apply.rootfs", "libinject.apply.ldconfig",
     "libinject.apply.live", "libinject.apply.cgroups", "libinject.apply.bpf",
-    "libinject.log", "libinject.request.user", "libinject.discover.options",
+    "libinject.log", "libinject.linux.safedir", "libinject.request.user", "libinject.discover.options",
     "libinject.runtime.hook", "libinject.constants", "libinject.linux.child",
     "libinject.discover.decode", "libinject.discover.procfs", "libinject.discover.graphics",
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",

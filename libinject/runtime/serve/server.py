@@ -20,6 +20,7 @@ import time
 from libinject.errors import NvhookError
 from libinject.linux.child import Child
 from libinject.linux.privileges import cap_last_cap
+from libinject.log import escape
 from libinject.record import record
 from libinject.runtime.serve.children import _set_idle
 from libinject.runtime.serve.driver_cache import PLANS_PER_REPORT, DriverCache
@@ -106,7 +107,8 @@ class Server:
         if self.log_fd is None:
             return
         try:
-            os.write(self.log_fd, f"nvhook serve[{os.getpid()}]: {msg}\n".encode(errors="replace"))
+            # (escaped: a request's paths and errors may carry a container's values)
+            os.write(self.log_fd, f"nvhook serve[{os.getpid()}]: {escape(msg)}\n".encode(errors="replace"))
         except OSError:
             pass
 
