@@ -1,10 +1,13 @@
 """The hook's and the service's log file stays bounded (libinject.log): past MAX_BYTES it
-becomes FILE.1 and a new one starts, whoever writes it; a line is never split across them."""
+becomes FILE.1 and a new one starts, whoever writes it; a line is never split across them.
+And where it may be written (the attacks: tests/test_trust_log.py)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+
+import pytest
 
 from libinject import log
 
@@ -67,3 +70,27 @@ def test_two_writers_past_the_bound_never_drop_the_file_before(tmp_path, monkeyp
     new = path.read_text() if path.exists() else ""
     assert old.startswith("old line\n" * 120)           # the full file is FILE.1, not dropped
     assert sorted(ln.split(" INFO ")[1] for ln in (old + new).splitlines()[120:]) == ["from A", "from B", "from C"]
+
+
+def test_root_s_own_links_on_the_way_are_followed(tmp_path, capfd):
+    """As /var/run -> /run: a link of root's in a directory only root writes is taken."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to("real")
+    log.Log(str(tmp_path / "alias/hook.log")).info("through a link of root's")
+    assert (tmp_path / "real/hook.log").read_text().endswith(" INFO through a link of root's\n")
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("mode, who", [(0o1777, "everyone"), (0o775, "group root (gid 0)")])
+def test_a_directory_others_can_write_holds_no_log(tmp_path, capfd, mode, who):
+    """Sticky or not: whoever can add entries there can make the name a FIFO, a hard
+    link or their own file before root's first line."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(mode)
+    lg = log.Log(str(d / "hook.log"))
+    lg.info("one")
+    lg.info("two")
+    assert not (d / "hook.log").exists()
+    assert capfd.readouterr().err == (f"nvhook: log file {d}/hook.log: directory {d} is writable by {who}; "
+                                      "not logging there\n")       # once, not once per line
