@@ -13,9 +13,9 @@ no link or directory another user planted, and nobody but root can write the dir
 holding the file; for host root only, as the fronts' checks: in a rootless engine's user
 namespace root's files show as the overflow uid), the file is opened O_NOFOLLOW and must
 be a regular file of ours with one link; a path failing that is not written, with one
-`nvhook:` line on stderr (never failing the container). Control characters, and whatever else a terminal or a
-line-based reader could take for structure, are escaped (escape()): a value from the
-container cannot end a line or forge the next.
+`nvhook:` line on stderr (never failing the container). Control characters, and
+whatever else a terminal or a line-based reader could take for structure, are escaped
+(escape()): a value from the container cannot end a line or forge the next.
 """
 from __future__ import annotations
 

@@ -76,9 +76,13 @@ def test_root_s_own_links_on_the_way_are_followed(tmp_path, capfd):
     """As /var/run -> /run: a link of root's in a directory only root writes is taken."""
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").symlink_to("real")
-    log.Log(str(tmp_path / "alias/hook.log")).info("through a link of root's")
+    fds = sorted(os.listdir("/proc/self/fd"))
+    lg = log.Log(str(tmp_path / "alias/hook.log"))
+    lg.info("through a link of root's")
+    lg.close()
     assert (tmp_path / "real/hook.log").read_text().endswith(" INFO through a link of root's\n")
     assert capfd.readouterr().err == ""
+    assert sorted(os.listdir("/proc/self/fd")) == fds          # nothing left open on the way
 
 
 @pytest.mark.parametrize("mode, who", [(0o1777, "everyone"), (0o775, "group root (gid 0)")])

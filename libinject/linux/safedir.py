@@ -111,6 +111,8 @@ def open_dir(path: str, what: str, owners: frozenset[int] | None = None) -> int:
                     if links > MAX_LINKS:
                         raise NvhookError(f"{what}: too many levels of symbolic links")
                     target = os.readlink("", dir_fd=nfd)
+                    os.close(nfd)
+                    nfd = -1
                     parts = [c for c in target.split("/") if c not in ("", ".")]
                     pending.extend(reversed(parts))
                     if target.startswith("/"):
@@ -123,7 +125,8 @@ def open_dir(path: str, what: str, owners: frozenset[int] | None = None) -> int:
                     raise NvhookError(f"{what}: {shown} is not a directory")
                 _check_dir(nst, shown, path, what, trusted, last=not pending)
             except BaseException:
-                os.close(nfd)
+                if nfd >= 0:
+                    os.close(nfd)
                 raise
             os.close(fd)
             fd, st, where = nfd, nst, shown
