@@ -31,8 +31,10 @@ def test_writers_in_many_processes_keep_it_bounded(tmp_path):
             "[lg.info('w%s %04d ' % (sys.argv[2], i) + 'y' * 30) for i in range(400)]")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(n)]) for n in range(4)]
     assert [p.wait(120) for p in procs] == [0] * 4
+    assert (tmp_path / "hook.log.1").exists()
     for f in (path, tmp_path / "hook.log.1"):
-        text = f.read_text()
+        # (no hook.log when the very last line was the one that rotated it: ~1 run in 50)
+        text = f.read_text() if f.exists() else ""
         assert len(text) <= 4000 + 4 * 100
         assert all(" INFO w" in ln and ln.endswith("y" * 30) for ln in text.splitlines())
 
