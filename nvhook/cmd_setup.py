@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     text = TARGETS[args.target][2](args)
-    if args.target in HOOK_TARGETS and not (args.undo or args.dry_run):
+    # --json: stdout is the JSON object alone (a script parses it); no advice line after it
+    if args.target in HOOK_TARGETS and not (args.undo or args.dry_run or getattr(args, "json", False)):
         text += _service_status(args)
     sys.stdout.write(text)
     return getattr(args, "exit_code", 0)
