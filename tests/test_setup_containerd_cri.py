@@ -128,3 +128,16 @@ def test_v3_file_without_runtimes_keeps_runc_defined(tmp_path, capsys):
     assert c["runtimes"]["runc"] == {"runtime_type": "io.containerd.runc.v2"}
     assert c["runtimes"]["nvidia"] == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": SHIM}}
     assert c["snapshotter"] == "overlayfs"
+
+
+def test_a_file_an_earlier_nvhook_broke_is_repaired(tmp_path, capsys):
+    """Only `nvidia` in runtimes and runc the default (what nvhook wrote on Debian's file
+    before): a new run writes runc out, so the CRI loads again after the restart."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'version = 2\n[plugins."{V2}".containerd.runtimes.nvidia]\n'
+                   f'runtime_type = "io.containerd.runc.v2"\n[plugins."{V2}".containerd.runtimes.nvidia.options]\n'
+                   f'BinaryName = "{SHIM}"\n')
+    code, out, err = nvhook(capsys, "setup", "containerd", "--config", str(cfg))
+    assert code == 0, err
+    runtimes = tomllib.loads(cfg.read_text())["plugins"][V2]["containerd"]["runtimes"]
+    assert (sorted(runtimes), runtimes["runc"]) == (["nvidia", "runc"], {"runtime_type": "io.containerd.runc.v2"})
