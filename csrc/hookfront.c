@@ -347,7 +347,10 @@ int main(int argc, char **argv)
 
     const char *cmd = command();
     int hook = cmd && (strcmp(cmd, "prestart") == 0 || strcmp(cmd, "createContainer") == 0);
-    int noop = cmd && (strcmp(cmd, "poststart") == 0 || strcmp(cmd, "poststop") == 0);
+    /* A stage is the last argument as runtimes call it; anything after it (--help, a
+     * mistake) is Python's to answer (usage, or one error line). */
+    int noop = cmd && command_at() == g_argc - 1 &&
+               (strcmp(cmd, "poststart") == 0 || strcmp(cmd, "poststop") == 0);
     /* A CDI spec's hook (`cdi-hook STAGE ...`): always Python's work (only GPU containers
      * have it), served where the stage allows. The older one-step hooks go as before. */
     const char *sub = cmd && strcmp(cmd, "cdi-hook") == 0 ? subcommand() : NULL;

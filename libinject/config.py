@@ -16,8 +16,10 @@ relative path would otherwise land.
 
 Sections and keys are NVIDIA's (TOML names; Python names replace "-" with "_"), with
 NVIDIA's defaults, so an existing NVIDIA config keeps working. Unknown keys and
-sections are ignored (NVIDIA configs carry more than we read); a key we know with the
-wrong type is an error naming the key and the file.
+sections are ignored (NVIDIA configs carry more than we read), but one that is neither
+NVIDIA's nor ours (a misspelling, most likely) is named in one `nvhook: warning:` line by
+the commands people and engines run (not the hook: its stderr is the runtime's); a key
+we know with the wrong type is an error naming the key and the file.
 """
 from __future__ import annotations
 
@@ -129,6 +131,7 @@ class Config:
     nvidia_container_runtime_hook: RuntimeHookConfig = field(default_factory=RuntimeHookConfig)
     nvhook: NvhookConfig = field(default_factory=NvhookConfig)
     source: str = ""                    # file it was read from ("" = built-in defaults)
+    unknown_keys: tuple[str, ...] = ()  # keys neither NVIDIA's nor ours (ignored; warned of)
 
     # Short names for what the hook reads most.
     @property
@@ -225,7 +228,10 @@ def _load(path: str, required: bool, trusted: bool) -> Config:
         if required:
             raise NvhookError(f"config file {path} not found")
         return Config()
-    return parse(data, path)
+    cfg = parse(data, path)
+    if not trusted:
+        _warn_unknown(cfg)
+    return cfg
 
 
 def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
@@ -283,7 +289,7 @@ def parse(data: bytes | str, source: str = "<config>") -> Config:
         _TABLES.clear()
     _TABLES[key] = table
     cfg = _build(Config, table, source, "")
-    cfg = _resolve_paths(replace(cfg, source=source))
+    cfg = _resolve_paths(replace(cfg, source=source, unknown_keys=tuple(_unknown(Config, table, ""))))
     cfg.supported_capabilities()  # validate now: a bad value is a config error, not a container's
     if source.startswith("/"):
         if len(_CONFIGS) >= _MAX_TABLES:
@@ -363,13 +369,49 @@ def _resolve_paths(cfg: Config) -> Config:
                        socket=rel(nv.socket)))
 
 
+# NVIDIA's tables nvhook does not read (their contents are NVIDIA's business), and the
+# fields that are not keys of the file.
+_NVIDIA_TABLES = {"": frozenset({"features", "nvidia-ctk"}),
+                  "nvidia-container-runtime.": frozenset({"experimental", "discover-mode"}),   # older releases
+                  "nvidia-container-runtime.modes.": frozenset({"jit-cdi", "native"})}
+_NOT_KEYS = frozenset({"source", "unknown_keys"})
+
+
+def _unknown(cls: type, table: dict[str, object], prefix: str) -> list[str]:
+    """The dotted keys of table that record cls (and NVIDIA) do not know."""
+    names = vars(sys.modules[cls.__module__])
+    known = {f.name.replace("_", "-"): names.get(f.type, f.type) for f in fields(cls) if f.name not in _NOT_KEYS}
+    out: list[str] = []
+    for key, value in table.items():
+        tp = known.get(key)
+        if tp is None:
+            if key not in _NVIDIA_TABLES.get(prefix, ()):
+                out.append(prefix + key)
+        elif isinstance(tp, type) and is_record(tp) and isinstance(value, dict):
+            out += _unknown(tp, value, f"{prefix}{key}.")
+    return out
+
+
+_warned: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _warn_unknown(cfg: Config) -> None:
+    """One `nvhook: warning:` line (once a process) naming the file's unknown keys: NVIDIA
+    ignores them, so does nvhook, but a misspelt key is a setting that silently is not."""
+    seen = (cfg.source, cfg.unknown_keys)
+    if cfg.unknown_keys and seen not in _warned:
+        _warned.add(seen)
+        sys.stderr.write(f"nvhook: warning: {cfg.source}: unknown key{'s' if len(cfg.unknown_keys) > 1 else ''} "
+                         f"{', '.join(cfg.unknown_keys)} ignored (misspelt?)\n")
+
+
 def _build(cls: type, table: dict[str, object], source: str, prefix: str):
     """Instantiate record cls from a TOML table, checking the types of known keys."""
     # Annotations are strings (postponed evaluation): resolve them here, without typing.
     names = vars(sys.modules[cls.__module__])
     kwargs: dict[str, object] = {}
     for f in fields(cls):
-        if f.name == "source":
+        if f.name in _NOT_KEYS:
             continue
         key = f.name.replace("_", "-")
         if key not in table:

@@ -15,6 +15,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.add_argument("--docker-config", metavar="FILE", default=d.docker_config)
     p.add_argument("--containerd-config", metavar="FILE", default=d.containerd_config)
+    p.add_argument("--docker-socket", metavar="SOCK", default=d.docker_socket,
+                   help="where a running dockerd answers (default %(default)s)")
+    p.add_argument("--containerd-socket", metavar="SOCK", default=d.containerd_socket,
+                   help="where a running containerd answers (default %(default)s)")
     p.add_argument("--crio-drop-in", metavar="FILE", default=d.crio_drop_in)
     p.add_argument("--hooks-dir", metavar="DIR", default=d.hooks_dir)
     p.add_argument("--cdi-spec", metavar="FILE", action="append",
@@ -29,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise NvhookError("doctor needs root (it asks NVML, reads the engines' files and the "
                           "service's socket as the hook does): run it as root")
     paths = doctor.Paths(docker_config=args.docker_config, containerd_config=args.containerd_config,
+                         docker_socket=args.docker_socket, containerd_socket=args.containerd_socket,
                          crio_drop_in=args.crio_drop_in, hooks_dir=args.hooks_dir,
                          cdi_specs=tuple(args.cdi_spec) if args.cdi_spec else doctor.Paths().cdi_specs)
     checks = doctor.run(paths, config=args.config, root=args.root, ldcache=args.ldcache)

@@ -11,7 +11,10 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.description = f"OCI {name} hook: reads the container state JSON on stdin."
+    p.description = (f"OCI {name} hook: reads the container state JSON on stdin."
+                     if name in ("prestart", "createContainer") else
+                     f"OCI {name} hook: reads the container state on stdin and does nothing "
+                     "(as NVIDIA's hook); accepted so an OCI config naming it works.")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,8 +36,18 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    from libinject.errors import NvhookError
+
+    # Every target but the pod's question reads root's files and keeps sealed backups in
+    # a root-only store: said once, up front, rather than a "Permission denied" on the way.
+    if os.geteuid() != 0 and args.target != "k8s-removed":
+        raise NvhookError(f"setup {args.target} needs root (it edits the engines' files and keeps "
+                          "their backups in a root-only store), --dry-run too: run it as root; nothing changed")
     text = TARGETS[args.target][2](args)
-    if args.target in HOOK_TARGETS and not (args.undo or args.dry_run):
+    # --json: stdout is the JSON object alone (a script parses it); no advice line after it
+    if args.target in HOOK_TARGETS and not (args.undo or args.dry_run or getattr(args, "json", False)):
         text += _service_status(args)
     sys.stdout.write(text)
     return getattr(args, "exit_code", 0)

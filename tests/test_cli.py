@@ -83,3 +83,14 @@ def test_a_user_who_is_not_root_is_told_root_is_needed():
         assert line.startswith(f"nvhook: NVML on driver root {host} needs root: run this as root ("), line
     finally:
         shutil.rmtree(top)
+
+
+@pytest.mark.parametrize("stage", ["poststart", "poststop", "prestart", "createContainer"])
+def test_every_hook_stage_prints_its_usage_on_help(stage):
+    """`nvhook STAGE --help` through the installed front (as a user types it): usage on
+    stdout, exit 0; the no-op stages used to exit 0 printing nothing."""
+    from conftest import NVHOOK
+
+    r = subprocess.run([NVHOOK, stage, "--help"], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
+    assert (r.returncode, r.stdout.splitlines()[:1], r.stderr) == (0, [f"usage: nvhook {stage} [-h]"], "")

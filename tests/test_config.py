@@ -197,7 +197,7 @@ def test_wrong_type_names_key_and_file(text, key):
 
 def test_unknown_keys_tolerated():
     c = config.parse('future-key = 1\n[nvidia-container-cli]\nnew = "x"\n[other]\na = 1\n')
-    assert c == config.Config(source="<config>")
+    assert c == config.Config(source="<config>", unknown_keys=("future-key", "nvidia-container-cli.new", "other"))
 
 
 def test_bad_toml_is_clear():
@@ -242,3 +242,29 @@ def test_explicit_missing_or_too_big(tmp_path):
         config.load(str(big), {})
     with pytest.raises(NvhookError, match="cannot read config file"):
         config.load(str(tmp_path), {})
+
+
+MISSPELT = 'disable-requir = true\n[nvidia-container-cli]\nlaod-kmods = false\n[features]\nanything = true\n' \
+           '[nvidia-container-runtime.modes.cdi]\ndefault-kindd = "x"\n'
+
+
+def test_a_misspelt_key_is_one_warning_line_and_the_rest_still_applies(tmp_path, capsys):
+    """Keys neither NVIDIA's nor ours: named, with the file, in one `nvhook: warning:`
+    line; nothing fails (NVIDIA ignores them); NVIDIA's tables we do not read
+    ([features]) are not named."""
+    p = tmp_path / "config.toml"
+    p.write_text(MISSPELT)
+    cfg = config.load_at(str(p), True)
+    assert (cfg.disable_require, cfg.cli.load_kmods) == (False, True)
+    assert capsys.readouterr().err == (
+        f"nvhook: warning: {p}: unknown keys disable-requir, nvidia-container-cli.laod-kmods, "
+        "nvidia-container-runtime.modes.cdi.default-kindd ignored (misspelt?)\n")
+
+
+@pytest.mark.parametrize("text", [NVIDIA_DEBIAN, NVIDIA_CTK_DEFAULT, NVIDIA_DEBIAN.replace("#experimental", "experimental")],
+                         ids=["debian", "ctk-default", "experimental"])
+def test_nvidias_own_configs_warn_of_nothing(tmp_path, capsys, text):
+    p = tmp_path / "config.toml"
+    p.write_text(text)
+    assert config.load_at(str(p), True).unknown_keys == ()
+    assert capsys.readouterr().err == ""

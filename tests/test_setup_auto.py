@@ -367,3 +367,16 @@ def test_restart_engines_without_systemd_says_so(tmp_path, a100_host, capsys, fa
     n = Node(tmp_path, a100_host, containerd=(CTRD_16, V2_NO_CDI))
     code, out, err = nvhook(capsys, *n.argv, "--restart-engines")
     assert (code, fake_systemd[0]()) == (1, []) and "systemd is not running here" in err, err
+
+
+@pytest.mark.parametrize("extra", [[], ["--undo"]], ids=["apply", "undo"])
+def test_json_prints_only_json(tmp_path, a100_host, capsys, extra):
+    """--json (applying and undoing, as a script reads it): stdout is one JSON object
+    and nothing else."""
+    n = Node(tmp_path, a100_host, **SEVERAL)
+    if extra:
+        assert nvhook(capsys, *n.argv)[0] == 0
+    code, out, err = nvhook(capsys, *n.argv, "--json", *extra)
+    assert code == 0, err
+    doc, end = json.JSONDecoder().raw_decode(out)
+    assert (out[end:], doc["undo"]) == ("\n", bool(extra)), out

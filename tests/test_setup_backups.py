@@ -224,9 +224,12 @@ def test_a_record_forged_in_the_store_is_refused(tmp_path, backup_dir, capsys, f
 
 @pytest.mark.parametrize("case", ["symlink on the way", "store not root's", "store writable by others",
                                   "key dir writable by others"])
-def test_a_store_nvhook_cannot_call_its_own_is_refused(tmp_path, capsys, case):
+def test_a_store_nvhook_cannot_call_its_own_is_refused(tmp_path, capsys, case, monkeypatch):
+    from libinject.setup import store as _store
+
     f, args = _docker(tmp_path)
     store = tmp_path / "var/lib/nvhook/setup"
+    monkeypatch.setattr(_store, "STORE_DIR", str(store))     # the default one: its key is above it
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     store.parent.parent.mkdir(parents=True)
@@ -308,3 +311,18 @@ def test_an_earlier_backup_only_root_could_not_vouch_for_is_refused(tmp_path, ca
     assert (code, out, tree_state(f.parent)) == (1, "", was)
     assert err == (f"nvhook: {old}: not trusted as the backup an earlier nvhook kept of {f} ({why}); not "
                    "restored, nothing changed (check it, then put it back by hand or remove it)\n")
+
+
+def test_backup_dir_keeps_everything_inside_it(tmp_path, capsys):
+    """--backup-dir D: the records and their key are in D; nothing is written beside D
+    (an earlier nvhook put the key in D/..), and --undo reads them back from there."""
+    f, args = _docker(tmp_path)
+    d = tmp_path / "admins" / "nvhook-backups"
+    d.parent.mkdir(mode=0o700)
+    was = tree_state(f.parent)
+    code, out, err = nvhook(capsys, *args, "--backup-dir", str(d))
+    assert code == 0, err
+    assert sorted(p.name for p in d.parent.iterdir()) == ["nvhook-backups"]
+    assert "setup.key" in [p.name for p in d.iterdir()]
+    code, out, err = nvhook(capsys, *args, "--backup-dir", str(d), "--undo")
+    assert (code, tree_state(f.parent)) == (0, was), err

@@ -536,3 +536,20 @@ def test_setup_says_whether_gpu_containers_will_be_served(tmp_path, a100_host, s
         assert out.splitlines()[-1] == f"the hook service answers on {sock}: GPU containers are served"
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("target", ["containerd", "docker", "crio", "podman", "auto", "service"])
+def test_non_root_dry_run_says_it_needs_root(tmp_path, target):
+    """A user without root asking what setup would do: one line saying it needs root,
+    not a "Permission denied" from somewhere on the way; nothing written."""
+    import subprocess
+
+    from conftest import NVHOOK
+
+    os.chmod(tmp_path, 0o755)
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", NVHOOK,
+                        "setup", target, "--dry-run"], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == (f"nvhook: setup {target} needs root (it edits the engines' files and keeps their "
+                        "backups in a root-only store), --dry-run too: run it as root; nothing changed\n")

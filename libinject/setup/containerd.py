@@ -103,7 +103,14 @@ def configure(doc, version: int, path: str, shim: str, *, set_as_default: bool, 
     import tomlkit
 
     cri = ["plugins", PLUGINS[version]]
+    section = tomldoc.table(doc, [*cri, "containerd"], path)
     runtimes = tomldoc.table(doc, [*cri, "containerd", "runtimes"], path)
+    default = tomldoc._plain(section.get("default_runtime_name", "runc"))
+    if default == "runc" and "runc" not in runtimes:
+        # containerd's built-in runc exists only while the file defines no runtimes:
+        # once ours is there, runc (still the default) must be written out too, or the
+        # CRI plugin does not load ("no corresponding runtime ... runc").
+        runtimes.append("runc", tomlkit.item({"runtime_type": RUNTIME_TYPE}))
     if RUNTIME not in runtimes and isinstance(runtimes.get("runc"), dict):
         runtimes.append(RUNTIME, tomlkit.item(tomldoc._plain(runtimes["runc"])))
     nv = tomldoc.table(runtimes, [RUNTIME], path)

@@ -36,6 +36,8 @@ class Paths:
     """Where the engines' files are (tests point them elsewhere)."""
     docker_config: str = "/etc/docker/daemon.json"
     containerd_config: str = "/etc/containerd/config.toml"
+    docker_socket: str = "/run/docker.sock"
+    containerd_socket: str = "/run/containerd/containerd.sock"
     crio_drop_in: str = "/etc/crio/crio.conf.d/99-nvhook.toml"
     hooks_dir: str = "/usr/share/containers/oci/hooks.d"
     cdi_specs: tuple[str, ...] = ("/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml")
@@ -49,7 +51,8 @@ def run(paths: Paths, *, config: str | None = None, root: str | None = None,
     out = [_driver(cfg, root, ldcache)]
     out += _fronts()
     out.append(_service(cfg.nvhook.socket))
-    out += [c for c in (_docker(paths.docker_config), _containerd(paths.containerd_config),
+    out += [c for c in (_docker(paths.docker_config, paths.docker_socket),
+                        _containerd(paths.containerd_config, paths.containerd_socket),
                         _crio(paths.crio_drop_in), _hooksd(paths.hooks_dir)) if c is not None]
     out += [c for p in paths.cdi_specs if (c := _cdi_spec(p, config, root, ldcache)) is not None]
     out.append(_cgroups())
@@ -127,15 +130,38 @@ def _points(name: str, path: str, found: Any, want: str, setup: str) -> Check:
     return Check(FAIL, name, f"{path} runs {found}, not this install's {want}", f"`{setup}`")
 
 
-def _docker(path: str) -> Check | None:
+def _answers(sock: str) -> bool:
+    """Whether an engine listens on unix socket sock (it is running)."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    s.settimeout(5)
+    try:
+        s.connect(sock)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _docker(path: str, sock: str) -> Check | None:
     data = _read(path)
+    running = _answers(sock)
     if data is None:
-        return None
+        # A running dockerd with no daemon.json has no nvidia runtime: `--gpus` and
+        # `--runtime nvidia` fail on it (or run NVIDIA's hook, not ours).
+        return (Check(FAIL, "docker", f"dockerd is running ({sock}) and {path} does not exist: "
+                      "no nvidia runtime", "`nvhook setup docker`") if running else None)
     try:
         doc = json.loads(data or b"{}")
         found = doc.get("runtimes", {}).get("nvidia", {}).get("path")
+        cdi = doc.get("features", {}).get("cdi") is True
     except (ValueError, AttributeError) as e:
         return Check(FAIL, "docker", f"{path}: {e}", "fix the file, then `nvhook setup docker`")
+    if found is None and running and not cdi:
+        return Check(FAIL, "docker", f"dockerd is running ({sock}) and {path} has no nvidia runtime "
+                     "(nor CDI on)", "`nvhook setup docker`")
     return _points("docker", path, found, _ours("nvhook-runtime"), "nvhook setup docker")
 
 
@@ -162,13 +188,48 @@ def _toml_runtime(name: str, path: str, dig, setup: str) -> Check | None:
     return _points(name, path, found, _ours("nvhook-runtime"), setup)
 
 
-def _containerd(path: str) -> Check | None:
+def _containerd(path: str, sock: str) -> Check | None:
     from libinject.setup.containerd import PLUGINS
 
     def dig(doc: dict) -> Any:
         plugin = _dig(doc, "plugins", PLUGINS.get(doc.get("version", 1), ""))
         return _dig(plugin, "containerd", "runtimes", "nvidia", "options", "BinaryName")
-    return _toml_runtime("containerd", path, dig, "nvhook setup containerd")
+    check = _toml_runtime("containerd", path, dig, "nvhook setup containerd")
+    if check is None or check.status == FAIL:
+        return check
+    cri = _cri_status(sock)
+    if cri is not None and cri != "ok":
+        return Check(FAIL, "containerd", f"containerd ({sock}) runs, but its CRI plugin did not load "
+                     f"(status {cri}): the node runs no pods",
+                     f"read containerd's log for the CRI plugin's error (`journalctl -u containerd`), "
+                     f"fix {path} (`nvhook setup containerd` writes runc out), restart containerd")
+    return check
+
+
+def _cri_status(sock: str) -> str | None:
+    """The running containerd's CRI plugin status (`ctr plugins ls`: ok, error, skip), or
+    None when no containerd answers on sock or there is no ctr to ask."""
+    import shutil
+
+    from libinject.constants import SAFE_PATH
+
+    ctr = shutil.which("ctr", path=SAFE_PATH)
+    if ctr is None or not _answers(sock):
+        return None
+    try:
+        r = subprocess.run([ctr, "--address", sock, "plugins", "ls"], capture_output=True, text=True,
+                           timeout=30, cwd="/", stdin=subprocess.DEVNULL, env={"PATH": SAFE_PATH})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    status = None
+    for line in r.stdout.splitlines():
+        cols = line.split()
+        # TYPE ID PLATFORMS STATUS (PLATFORMS is "-" or a list without spaces)
+        if len(cols) >= 4 and (cols[0], cols[1]) == ("io.containerd.grpc.v1", "cri"):
+            status = cols[-1]
+    return status     # not listed: disabled on purpose (a Docker host's containerd)
 
 
 def _crio(path: str) -> Check | None:

@@ -5,8 +5,9 @@ names another), named by a hash of the target's path: what was there (a file's b
 mode and owner; a symlink's target; or that there was nothing), sealed with a keyed
 BLAKE2b MAC over the target's path and all of that. The key (KEY_NAME, 32 random
 bytes, 0600, made with O_EXCL + link the first time a record is written) lives in the
-directory above the store (/var/lib/nvhook, beside the snapshots' key), not among the
-records.
+directory above the default store (/var/lib/nvhook, beside the snapshots' key); with
+--backup-dir D it lives in D itself (never above it: D's parent may be anyone's, e.g.
+/tmp), beside the records, whose names never clash with it.
 
 Why a store: a directory beside the engine's file may be writable by others (a sticky
 one, a group's), and a backup planted there was put back by --undo. Why sealed: /var/lib
@@ -119,7 +120,8 @@ def _ours_alone(st: os.stat_result) -> bool:
 
 
 def open_store(directory: str, create: bool) -> tuple[int, int] | None:
-    """fds of (the directory above the store, which holds the key; the store), each
+    """fds of (the directory that holds the key: the one above the default store, else
+    the store itself; the store), each
     component of the path opened with O_NOFOLLOW (a symlink anywhere on the way is
     refused); a missing one is made (0700) when `create`, else None is returned.
     Refused unless both are ours alone."""
@@ -146,7 +148,10 @@ def open_store(directory: str, create: bool) -> tuple[int, int] | None:
             if up >= 0:
                 os.close(up)
             up, fd = fd, nfd
-        for d, dfd in ((os.path.dirname(directory), up), (directory, fd)):
+        if directory != STORE_DIR:
+            os.close(up)
+            up = os.dup(fd)
+        for d, dfd in ((key_dir(directory), up), (directory, fd)):
             if not _ours_alone(os.fstat(dfd)):
                 raise NvhookError(f"backup directory {d} must be owned by root and writable by "
                                   "nobody else; nothing changed")
@@ -161,6 +166,12 @@ def open_store(directory: str, create: bool) -> tuple[int, int] | None:
         for x in (up, fd):
             if x >= 0:
                 os.close(x)
+
+
+def key_dir(directory: str) -> str:
+    """Where the key of the store `directory` is (see open_store)."""
+    directory = os.path.abspath(directory)
+    return os.path.dirname(directory) if directory == STORE_DIR else directory
 
 
 def _close(fds: tuple[int, int]) -> None:
@@ -220,7 +231,7 @@ def read(directory: str, path: str, limit: int) -> tuple[Record, str] | None:
             os.close(fd)
         key = _key_at(fds[0])
         if key is None:
-            raise bad(f"no usable key {os.path.join(os.path.dirname(os.path.abspath(directory)), KEY_NAME)}")
+            raise bad(f"no usable key {os.path.join(key_dir(directory), KEY_NAME)}")
         return unseal(key, data, path, shown), shown
     finally:
         _close(fds)
