@@ -37,7 +37,8 @@ def setup(sim_host, tmp_path, sockdir):
     host = sim_host("a100x8")
     specs = tmp_path / "specs"
     specs.mkdir()
-    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.json")])
+    # YAML, as NVIDIA's own spec: a served create parses it with PyYAML (preloaded)
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.yaml")])
     assert r.returncode == 0, r.stderr
     sock = sockdir / "run/hook.sock"
     served: list[Serve] = []
