@@ -274,11 +274,11 @@ def test_watch_rewrites_a_spec_made_while_a_gpu_blipped(tmp_path, config, host):
         def __getattr__(self, name):
             return getattr(options, name)
 
-        def discover(self, log=None):
+        def discover(self, fn=None, log=None):
             if not blips:
                 entry.rename(aside)
                 blips.append("went")
-            return options.discover(log=log)
+            return options.discover(fn, log=log)
 
     class Counted(cdi_refresh.Refresher):
         calls = 0
@@ -301,6 +301,46 @@ def test_watch_rewrites_a_spec_made_while_a_gpu_blipped(tmp_path, config, host):
                              say=say, stderr=sys.stderr)
     assert (code, blips, lines) == (0, ["went", "back"], [f"updated {out}"] * 2)
     assert device_names(out) == expected_names(host, range(8))
+
+
+def test_a_gpu_that_blips_within_one_discovery_is_in_the_spec(tmp_path, config, host):
+    """GPU 7's procfs entry goes and comes back within the first discovery (the host
+    fingerprinted the same before and after it): that reading lacks GPU 7, the next
+    ones have it, and the spec and the snapshot are made from the readings that agree.
+    Was: equal fingerprints were taken as proof, the spec lacked GPU 7, and the watch,
+    its fingerprint unchanged, never rewrote it (nor was the snapshot ever right)."""
+    from libinject import config as C
+    from libinject.apply import cdi_refresh
+
+    out = tmp_path / "nvidia.yaml"
+    entry = gpu_entry(host, 7)
+    aside = tmp_path / entry.name
+    options = C.load(str(config)).discover_options(root=str(host))
+    seen = []
+
+    class Blipping:
+        """The options, whose first discovery runs with GPU 7's entry moved aside."""
+        def __getattr__(self, name):
+            return getattr(options, name)
+
+        def discover(self, fn=None, log=None):
+            first = not seen
+            if first:
+                entry.rename(aside)
+            try:
+                d = options.discover(fn, log=log)
+            finally:
+                if first:
+                    aside.rename(entry)     # the same contents back: the host as it was
+            seen.append(len(d.info.gpus))
+            return d
+
+    r = cdi_refresh.Refresher(str(out), Blipping(), _spec_of)
+    assert r.refresh()
+    assert seen == [7, 8, 8]
+    assert device_names(out) == expected_names(host, range(8))
+    assert r.made_at == r.fingerprint()
+    assert len(options.discover().info.gpus) == 8       # the snapshot is the agreed answer
 
 
 # -- the uevent path: a real kernel uevent, an interval that never comes -----------------------

@@ -226,7 +226,7 @@ def test_shim_requests_the_service_declines(setup, tmp_path):
     finally:
         for fd in (*ns, other, state):
             os.close(fd)
-    assert server.log().count("declined") == 7, server.log()
+    assert server.log().count("declined:") == 7, server.log()     # (and 7 "declined after")
     assert "cwd /no/such/dir: No such file or directory" in server.log()
     # the one accepted was never committed: the bundle is as it was
     assert "hooks" not in json.loads((b / "config.json").read_text())

@@ -11,8 +11,8 @@ no event.
 
 watch() keeps it current: it rechecks the discovery fingerprint (snapshot.fingerprint,
 the digest of every host input discovery's answer depends on) and refreshes when it
-differs from the one the spec was made at (taken before and after discovery, and equal:
-Refresher.discover_steady),
+differs from the one the spec was made at (two discoveries agreeing, each with equal
+fingerprints before and after it: Refresher.discover_steady),
   - shortly after kernel uevents that may mean a change (a netlink
     NETLINK_KOBJECT_UEVENT socket through pyroute2, kernel multicast group only):
     an nvidia* kernel module loaded or removed, any PCI or DRM device event (rare on
@@ -184,6 +184,13 @@ class Uevents:
 
 # ----------------------------------------------------------------------------- refresh
 
+def _fresh(*args: Any, **kw: Any) -> Any:
+    """libinject.discover.driver.discover, reading the host (never a snapshot)."""
+    from libinject.discover.driver import discover
+
+    return discover(*args, **{**kw, "snapshot": False})
+
+
 def _read_existing(path: str, limit: int) -> bytes | None:
     """The file's bytes if it is a regular file (not followed if a symlink) of at most
     `limit` bytes; None otherwise (then it is replaced)."""
@@ -248,20 +255,48 @@ class Refresher:
 
     def discover_steady(self) -> Any:
         """The Driver, and self.made_at: the fingerprint of the host state it describes.
-        The host is fingerprinted before and after discovering: equal, nothing discovery
-        reads changed meanwhile (a fingerprint taken only before would be remembered for
-        a spec made from a later state: a GPU that went between the two and came back
-        later would leave every later fingerprint equal to it, and the spec without the
-        GPU). Unequal, discovery runs again, up to STEADY_TRIES times; a host that never
-        holds still leaves made_at None, so the next check discovers again."""
+        Two readings must agree: each discovery is fingerprinted before and after (equal:
+        nothing it reads changed meanwhile), and two discoveries in a row, the second
+        fresh (not from the snapshot), must find the same Driver under the same
+        fingerprint. Equal fingerprints alone are not enough: a GPU entry that went and
+        came back within one discovery leaves them equal and the answer without the GPU,
+        and remembering that fingerprint would keep that spec for good (every later
+        check equal to it). A snapshot that disagrees with the agreed answer is written
+        anew (the hook's discovery reads it too). A host that never holds still within
+        2 x STEADY_TRIES discoveries leaves made_at None: the next check discovers again."""
         self.made_at = None
-        for _ in range(STEADY_TRIES):
+        prev: tuple[str, Any] | None = None
+        first = driver = None
+        for n in range(2 * STEADY_TRIES):
             before = self.fingerprint()
-            driver = self.options.discover(log=self.log)
-            if self.fingerprint() == before:
+            driver = self.options.discover(None if n == 0 else _fresh, log=self.log)
+            if n == 0:
+                first = driver
+            if self.fingerprint() != before:
+                prev = None
+                continue
+            if prev is not None and prev == (before, driver):
                 self.made_at = before
+                if driver != first:
+                    self._resave(before, driver)
                 break
+            prev = (before, driver)
         return driver
+
+    def _resave(self, key: str, driver: Any) -> None:
+        """The snapshot discovery keeps for this host, made from driver (key: its
+        fingerprint), where snapshots are on."""
+        from libinject.discover import driver as D
+        from libinject.discover import snapshot
+
+        o = self.options
+        if not getattr(o, "snapshot", False):
+            return
+        root = os.path.realpath(o.root)
+        dev_root = os.path.realpath(o.dev_root) if o.dev_root else root
+        cache = os.path.join(root, (o.ldcache or D.DEFAULT_LDCACHE).lstrip("/"))
+        snapshot.save(snapshot.path_for(o.snapshot_dir or snapshot.DEFAULT_DIR, root, dev_root, cache),
+                      key, driver)
 
     def _remove(self) -> bool:
         """Remove the spec file; False if there was none."""
