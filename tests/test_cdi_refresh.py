@@ -248,6 +248,23 @@ def test_watch_keeps_an_unchanged_spec_untouched(tmp_path, config, host, watch):
         [f"unchanged {out}"], before.st_ino, before.st_mtime_ns)
 
 
+def test_watch_takes_an_edited_config_without_a_restart(tmp_path, config, host, watch):
+    """The config file edited while the watch runs (nothing about the host changed): the
+    spec is made anew with it. A bad edit is one line, and the spec stays as it was."""
+    out = tmp_path / "nvidia.yaml"
+    w = watch("--interval", "0.2")
+    good = config.read_text()
+    assert "ldconfig.real" not in out.read_text()
+    config.write_text(good + "[nvidia-container-cli\n")
+    w.wait_until(lambda: w.stderr() != "", "the bad edit reported", DEADLINE)
+    assert w.stderr().startswith("nvhook: ") and w.stderr().count("\n") == 1, w.stderr()
+    assert "ldconfig.real" not in out.read_text()
+    config.write_text(good + '[nvidia-container-cli]\nldconfig = "@/sbin/ldconfig.real"\n')
+    w.wait_until(lambda: "@/sbin/ldconfig.real" in out.read_text(), "the edit taken", DEADLINE)
+    assert device_names(out) == expected_names(host, range(8))
+    assert w.lines() == [f"updated {out}"] * 2
+
+
 def _spec_of(driver) -> str:
     from libinject.apply import cdi
 

@@ -22,6 +22,8 @@ fingerprints before and after it: Refresher.discover_steady),
   - and every `interval` s regardless: not every change comes with a uevent (the
     /dev/nvidia* nodes are made by nvidia-modprobe, not by the kernel; a simulated
     host produces none at all; a lost event: the socket buffer overflowed).
+An edited config file (its fixed path, stat'ed at each check) is read again and the spec
+refreshed with it; one that does not load is reported and the previous one kept.
 A uevent is only a hint: the fingerprint decides. Only the kernel's count (sender port
 id 0); any other datagram (a CAP_NET_ADMIN process of the host's network namespace can
 send one) is dropped and counted, the count reported (one line when it changed, at
@@ -245,11 +247,15 @@ class Refresher:
     render(driver) -> the spec's text."""
 
     def __init__(self, output: str, options: Any, render: Callable[[Any], str],
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 reload: Callable[[], tuple[Any, Callable[[Any], str]] | None] | None = None) -> None:
+        """reload() -> (options, render) made anew from the config file when it changed
+        since the last call, else None (the watch asks before each check)."""
         self.output = os.path.abspath(output)
         self.options = options
         self.render = render
         self.log = log
+        self.reload = reload
         self._watch_dirs: list[str] | None = None
         self.made_at: str | None = None     # fingerprint the last refresh's spec is of
 
@@ -297,6 +303,15 @@ class Refresher:
         cache = os.path.join(root, (o.ldcache or D.DEFAULT_LDCACHE).lstrip("/"))
         snapshot.save(snapshot.path_for(o.snapshot_dir or snapshot.DEFAULT_DIR, root, dev_root, cache),
                       key, driver)
+
+    def reload_config(self) -> bool:
+        """Take the options and render of a config that changed (self.reload); True if
+        taken. NvhookError for a config that does not load (the old ones are kept)."""
+        new = self.reload() if self.reload is not None else None
+        if new is None:
+            return False
+        self.options, self.render = new
+        return True
 
     def _remove(self) -> bool:
         """Remove the spec file; False if there was none."""
@@ -436,6 +451,8 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
         nonlocal current
         report_dropped()
         try:
+            if refresher.reload_config():
+                current = None          # the same host may make another spec now
             if refresher.fingerprint() == current:
                 return
             changed = refresher.refresh()
