@@ -95,7 +95,7 @@ static void serve_fallback_note(const char *path)
     else if (strcmp(serve_fallback, "declined") == 0)
         text = "declined the start";
     else
-        text = "is not the trusted service";
+        text = "is not one this front may use (not root's, or not in its namespaces)";
     dprintf(2, "nvhook: hook service at %s %s; running it without the service\n", path, text);
 }
 

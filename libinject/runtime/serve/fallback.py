@@ -10,7 +10,7 @@ ENV = "NVHOOK_SERVE_FALLBACK"       # as csrc/shimfront.c's FALLBACK_ENV
 WHY = {
     "timeout": "did not take the start within 5 s",
     "declined": "declined the start",
-    "untrusted": "is not the trusted service",
+    "untrusted": "is not one this front may use (not root's, or not in its namespaces)",
 }
 
 
