@@ -196,7 +196,8 @@ static void exec_python(const char *main_code, int serve)
     /* Nothing of our own environment goes on: it may be the container's. */
     static char cwd_env[PATH_MAX + 32];
     static char notify_env[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
-    char *envp[4];
+    static char fallback_env[64];
+    char *envp[5];
     int ne = 0;
     envp[ne++] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     if (g_cwd[0]) {
@@ -212,6 +213,12 @@ static void exec_python(const char *main_code, int serve)
         strlen(notify) < sizeof(((struct sockaddr_un *)0)->sun_path)) {
         snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", notify);
         envp[ne++] = notify_env;
+    }
+    /* The service was there and did not take this start: the hook logs why (a word of
+     * serve_call's own, never anything from outside). */
+    if (serve_fallback) {
+        snprintf(fallback_env, sizeof fallback_env, "NVHOOK_SERVE_FALLBACK=%s", serve_fallback);
+        envp[ne++] = fallback_env;
     }
     envp[ne] = NULL;
 
@@ -266,8 +273,10 @@ static void try_serve(const char *cmd)
     int status = 0;
     int got = serve_call(path, req, len, fd, reply, sizeof reply, &n, &status);
     close(fd);
-    if (got == SERVE_NOT_TAKEN)
+    if (got == SERVE_NOT_TAKEN) {
+        serve_fallback_note(path);
         return;
+    }
     if (got == SERVE_LOST) {
         dprintf(2, "nvhook: hook service: no answer while configuring the container\n");
         _exit(1);

@@ -10,7 +10,10 @@
  * hook's state memfd) and fds of its own namespaces (the same proof for the service),
  * and nothing else -- never the runtime's stdout/stderr, our root or cwd, so a wedged
  * service cannot hold the runtime's pipes open. No service, or one that does not take
- * the request within SERVE_WAIT_S: the caller does the work itself. Once the service
+ * the request within SERVE_WAIT_S in all (one deadline over connect, hello, request and
+ * "A": a starved or stopped service costs a start that and no more): the caller does the
+ * work itself, and, where a service was there but did not take it, says so in one line
+ * (serve_fallback_note; the exec'd Python writes the same to the log file). Once the service
  * has taken it ("A" + its timeout) and we have committed ("G"), there is no falling
  * back (a container may be partly configured, a bundle rewritten): its status is final.
  */
@@ -25,6 +28,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -42,12 +46,58 @@
 #define MAX_REQUEST (64 << 10)  /* as libinject.runtime.serve.protocol.MAX_REQUEST */
 #define MAX_REPLY (16 << 10)    /* as libinject.runtime.serve.protocol.MAX_OUTPUT + 5 */
 #define SERVE_GRACE_S 30        /* beyond the service's own timeout, before we give up */
-#define SERVE_WAIT_S 5          /* a wedged server costs a start this, then we do it ourselves */
+#define SERVE_WAIT_S 5          /* a wedged server costs a start this in all, then we do it ourselves */
 
 /* serve_call's outcomes */
 #define SERVE_NOT_TAKEN 0       /* not there, not trusted, declined, too slow: do it ourselves */
 #define SERVE_ANSWERED 1        /* *status and the reply's text are final */
 #define SERVE_LOST 2            /* committed, then no answer: fail (no falling back now) */
+
+/* Why serve_call fell back, where a service was there (NULL: none was -- no socket, or
+ * nobody listening -- which is no news): a word the exec'd Python maps to its log line
+ * (libinject.runtime.serve.fallback), so nothing but these words ever reaches it. */
+static const char *serve_fallback;
+
+/* The deadline's time left, as a socket timeout; 0 when it has passed (a zero
+ * SO_*TIMEO would mean "wait for ever"). */
+static int time_left(const struct timespec *deadline, struct timeval *tv)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long us = (long long)(deadline->tv_sec - now.tv_sec) * 1000000 +
+                   (deadline->tv_nsec - now.tv_nsec) / 1000;
+    if (us <= 0)
+        return 0;
+    tv->tv_sec = us / 1000000;
+    tv->tv_usec = us % 1000000;
+    return 1;
+}
+
+/* Bound s's next send/recv/connect by what is left of deadline; 0 if nothing is. */
+static int bound_by(int s, const struct timespec *deadline)
+{
+    struct timeval tv;
+    if (!time_left(deadline, &tv))
+        return 0;
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return 1;
+}
+
+/* The one line a fallback gets on stderr (why: serve_fallback's word). */
+static void serve_fallback_note(const char *path)
+{
+    const char *text = NULL;
+    if (!serve_fallback)
+        return;
+    if (strcmp(serve_fallback, "timeout") == 0)
+        text = "did not take the start within 5 s";
+    else if (strcmp(serve_fallback, "declined") == 0)
+        text = "declined the start";
+    else
+        text = "is not one this front may use (not root's, or not in its namespaces)";
+    dprintf(2, "nvhook: hook service at %s %s; running it without the service\n", path, text);
+}
 
 /* Append a protocol item (kind + NUL-terminated value) to buf; 0 if it does not fit. */
 static int put_item(char *buf, size_t *len, char kind, const char *a, const char *b)
@@ -108,7 +158,7 @@ static int same_ns(int fd, const char *name)
 /* The service's hello: "H" with fds of its mount and pid namespaces. Proof, on any kernel
  * (no pid involved), that the listener runs in ours: a process elsewhere cannot hold
  * them unless it could enter them anyway. */
-static int hello_proves_ours(int s)
+static int hello_proves_ours(int s, const struct timespec *deadline)
 {
     char buf[8];
     union {
@@ -120,8 +170,10 @@ static int hello_proves_ours(int s)
                          .msg_controllen = sizeof ctl.b};
     ssize_t n;
     do
-        n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+        n = bound_by(s, deadline) ? recvmsg(s, &msg, MSG_CMSG_CLOEXEC) : (errno = EAGAIN, -1);
     while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        serve_fallback = "timeout";
     int fds[2] = {-1, -1};
     struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
     if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
@@ -135,11 +187,12 @@ static int hello_proves_ours(int s)
     return ok;
 }
 
-static ssize_t recv_retry(int s, char *buf, size_t len)
+/* recv, bounded by deadline (NULL: by the timeout already set). */
+static ssize_t recv_retry(int s, char *buf, size_t len, const struct timespec *deadline)
 {
     ssize_t n;
     do
-        n = recv(s, buf, len, 0);
+        n = !deadline || bound_by(s, deadline) ? recv(s, buf, len, 0) : (errno = EAGAIN, -1);
     while (n < 0 && errno == EINTR);
     return n;
 }
@@ -156,17 +209,34 @@ static int serve_call(const char *path, const char *req, size_t len, int fd, cha
     if (!path || strcmp(path, "none") == 0 || strlen(path) >= sizeof addr.sun_path)
         return SERVE_NOT_TAKEN;
     strcpy(addr.sun_path, path);
+    serve_fallback = NULL;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += SERVE_WAIT_S;
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s < 0)
         return SERVE_NOT_TAKEN;
-    /* Until the service has taken the request, every wait is bounded (connect on a full
-     * backlog honours SO_SNDTIMEO). */
-    struct timeval tv = {.tv_sec = SERVE_WAIT_S};
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0 || !listener_trusted(s) ||
-        !hello_proves_ours(s)) {
-        close(s); /* ENOENT, ECONNREFUSED, EACCES, not the real service: do it ourselves */
+    /* Until the service has taken the request, every wait is bounded by what is left of
+     * one deadline (connect on a full backlog honours SO_SNDTIMEO). */
+    int rc;
+    do
+        rc = bound_by(s, &deadline) ? connect(s, (struct sockaddr *)&addr, sizeof addr) : (errno = EAGAIN, -1);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT)
+            serve_fallback = "timeout";   /* ENOENT, ECONNREFUSED, EACCES: no service, no news */
+        close(s);
+        return SERVE_NOT_TAKEN;
+    }
+    if (!listener_trusted(s)) {
+        serve_fallback = "untrusted";
+        close(s);
+        return SERVE_NOT_TAKEN;
+    }
+    if (!hello_proves_ours(s, &deadline)) {
+        if (!serve_fallback)
+            serve_fallback = "untrusted";
+        close(s); /* not the real service, or too slow to say hello: do it ourselves */
         return SERVE_NOT_TAKEN;
     }
     /* fd, and our own namespaces: the same proof for the service. */
@@ -191,15 +261,21 @@ static int serve_call(const char *path, const char *req, size_t len, int fd, cha
         memcpy(CMSG_DATA(c), send_fds, nfds * sizeof(int));
         ssize_t w;
         do
-            w = sendmsg(s, &msg, MSG_NOSIGNAL);
+            w = bound_by(s, &deadline) ? sendmsg(s, &msg, MSG_NOSIGNAL) : (errno = EAGAIN, -1);
         while (w < 0 && errno == EINTR);
         ok = w == (ssize_t)len;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            serve_fallback = "timeout";
     }
     for (int i = 1; i < 3; i++)
         if (sfds[i] >= 0)
             close(sfds[i]);
-    ssize_t got = ok ? recv_retry(s, reply, size) : -1;
+    ssize_t got = ok ? recv_retry(s, reply, size, &deadline) : -1;
+    if (ok && got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        serve_fallback = "timeout";
     if (got != 5 || reply[0] != 'A') {
+        if (!serve_fallback)
+            serve_fallback = "declined";
         close(s); /* refused, declined, too slow or gone before taking it: do it ourselves */
         return SERVE_NOT_TAKEN;
     }
@@ -212,13 +288,14 @@ static int serve_call(const char *path, const char *req, size_t len, int fd, cha
         w = send(s, "G", 1, MSG_NOSIGNAL);
     while (w < 0 && errno == EINTR);
     if (w != 1) {
+        serve_fallback = "declined";
         close(s);
         return SERVE_NOT_TAKEN;
     }
     /* The service kills a worker past its timeout and answers; wait that long and a grace. */
-    tv.tv_sec = (limit > 0 && limit < 86400 ? limit : 3600) + SERVE_GRACE_S;
+    struct timeval tv = {.tv_sec = (limit > 0 && limit < 86400 ? limit : 3600) + SERVE_GRACE_S};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    got = recv_retry(s, reply, size);
+    got = recv_retry(s, reply, size, NULL);
     close(s);
     if (got < 5 || reply[0] != 'S')
         return SERVE_LOST;

@@ -97,6 +97,8 @@ static const char *command(int argc, char **argv, int *debug, int *at)
     return NULL;
 }
 
+#define FALLBACK_ENV "NVHOOK_SERVE_FALLBACK"  /* as libinject.runtime.serve.fallback.ENV */
+
 static void exec_python(int argc, char **argv)
 {
     exec_venv_python(PY_MAIN, argc, argv, environ, 127);
@@ -344,8 +346,14 @@ static void try_serve_create(int argc, char **argv)
     ssize_t n = 0;
     int status = 0;
     int got = serve_call(sock, req, len, -1, reply, MAX_REPLY, &n, &status);
-    if (got == SERVE_NOT_TAKEN)
+    if (got == SERVE_NOT_TAKEN) {
+        serve_fallback_note(sock);
+        /* The exec'd shim logs why (a word of serve_call's own) and drops it from the
+         * environment the runtime gets. */
+        if (serve_fallback)
+            setenv(FALLBACK_ENV, serve_fallback, 1);
         return;
+    }
     if (got == SERVE_LOST) {
         dprintf(2, "nvhook: hook service: no answer while rewriting the bundle\n");
         _exit(1);
@@ -377,6 +385,7 @@ static void try_serve_create(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    unsetenv(FALLBACK_ENV);     /* only ever ours (try_serve_create) */
     int debug = 0, at = 0;
     const char *cmd = command(argc, argv, &debug, &at);
     load_config();

@@ -233,12 +233,38 @@ def _refresh(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
-    refresher = cdi_refresh.Refresher(output, options, render)
+    from libinject import config
+
+    path, _required = config.config_path(args.config, None)
+    seen = [_config_stamp(path)]
+
+    def reload():
+        # The config as edited since (its fixed, root-owned path: what the unit runs with),
+        # checked like the first: a bad edit is reported, the previous one kept
+        now = _config_stamp(path)
+        if now == seen[0]:
+            return None
+        seen[0] = now
+        options, renders = _spec_maker(args)
+        return options, renders[0][1]
+
+    refresher = cdi_refresh.Refresher(output, options, render, reload=reload)
     if not args.watch:
         say(f"{'updated' if refresher.refresh() else 'unchanged'} {output}")
         return 0
     return cdi_refresh.watch(refresher, interval=args.interval, debounce=args.debounce,
                              uevents=not args.no_uevents, say=say)
+
+
+def _config_stamp(path: str) -> tuple | None:
+    """What changes when the config file is edited or replaced (None: there is none)."""
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _list(args: argparse.Namespace) -> int:

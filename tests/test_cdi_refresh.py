@@ -248,6 +248,23 @@ def test_watch_keeps_an_unchanged_spec_untouched(tmp_path, config, host, watch):
         [f"unchanged {out}"], before.st_ino, before.st_mtime_ns)
 
 
+def test_watch_takes_an_edited_config_without_a_restart(tmp_path, config, host, watch):
+    """The config file edited while the watch runs (nothing about the host changed): the
+    spec is made anew with it. A bad edit is one line, and the spec stays as it was."""
+    out = tmp_path / "nvidia.yaml"
+    w = watch("--interval", "0.2")
+    good = config.read_text()
+    assert "ldconfig.real" not in out.read_text()
+    config.write_text(good + "[nvidia-container-cli\n")
+    w.wait_until(lambda: w.stderr() != "", "the bad edit reported", DEADLINE)
+    assert w.stderr().startswith("nvhook: ") and w.stderr().count("\n") == 1, w.stderr()
+    assert "ldconfig.real" not in out.read_text()
+    config.write_text(good + '[nvidia-container-cli]\nldconfig = "@/sbin/ldconfig.real"\n')
+    w.wait_until(lambda: "@/sbin/ldconfig.real" in out.read_text(), "the edit taken", DEADLINE)
+    assert device_names(out) == expected_names(host, range(8))
+    assert w.lines() == [f"updated {out}"] * 2
+
+
 def _spec_of(driver) -> str:
     from libinject.apply import cdi
 
@@ -274,11 +291,11 @@ def test_watch_rewrites_a_spec_made_while_a_gpu_blipped(tmp_path, config, host):
         def __getattr__(self, name):
             return getattr(options, name)
 
-        def discover(self, log=None):
+        def discover(self, fn=None, log=None):
             if not blips:
                 entry.rename(aside)
                 blips.append("went")
-            return options.discover(log=log)
+            return options.discover(fn, log=log)
 
     class Counted(cdi_refresh.Refresher):
         calls = 0
@@ -301,6 +318,46 @@ def test_watch_rewrites_a_spec_made_while_a_gpu_blipped(tmp_path, config, host):
                              say=say, stderr=sys.stderr)
     assert (code, blips, lines) == (0, ["went", "back"], [f"updated {out}"] * 2)
     assert device_names(out) == expected_names(host, range(8))
+
+
+def test_a_gpu_that_blips_within_one_discovery_is_in_the_spec(tmp_path, config, host):
+    """GPU 7's procfs entry goes and comes back within the first discovery (the host
+    fingerprinted the same before and after it): that reading lacks GPU 7, the next
+    ones have it, and the spec and the snapshot are made from the readings that agree.
+    Was: equal fingerprints were taken as proof, the spec lacked GPU 7, and the watch,
+    its fingerprint unchanged, never rewrote it (nor was the snapshot ever right)."""
+    from libinject import config as C
+    from libinject.apply import cdi_refresh
+
+    out = tmp_path / "nvidia.yaml"
+    entry = gpu_entry(host, 7)
+    aside = tmp_path / entry.name
+    options = C.load(str(config)).discover_options(root=str(host))
+    seen = []
+
+    class Blipping:
+        """The options, whose first discovery runs with GPU 7's entry moved aside."""
+        def __getattr__(self, name):
+            return getattr(options, name)
+
+        def discover(self, fn=None, log=None):
+            first = not seen
+            if first:
+                entry.rename(aside)
+            try:
+                d = options.discover(fn, log=log)
+            finally:
+                if first:
+                    aside.rename(entry)     # the same contents back: the host as it was
+            seen.append(len(d.info.gpus))
+            return d
+
+    r = cdi_refresh.Refresher(str(out), Blipping(), _spec_of)
+    assert r.refresh()
+    assert seen == [7, 8, 8]
+    assert device_names(out) == expected_names(host, range(8))
+    assert r.made_at == r.fingerprint()
+    assert len(options.discover().info.gpus) == 8       # the snapshot is the agreed answer
 
 
 # -- the uevent path: a real kernel uevent, an interval that never comes -----------------------

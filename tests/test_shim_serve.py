@@ -37,7 +37,8 @@ def setup(sim_host, tmp_path, sockdir):
     host = sim_host("a100x8")
     specs = tmp_path / "specs"
     specs.mkdir()
-    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.json")])
+    # YAML, as NVIDIA's own spec: a served create parses it with PyYAML (preloaded)
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "-o", str(specs / "nvidia.yaml")])
     assert r.returncode == 0, r.stderr
     sock = sockdir / "run/hook.sock"
     served: list[Serve] = []
@@ -225,7 +226,7 @@ def test_shim_requests_the_service_declines(setup, tmp_path):
     finally:
         for fd in (*ns, other, state):
             os.close(fd)
-    assert server.log().count("declined") == 7, server.log()
+    assert server.log().count("declined:") == 7, server.log()     # (and 7 "declined after")
     assert "cwd /no/such/dir: No such file or directory" in server.log()
     # the one accepted was never committed: the bundle is as it was
     assert "hooks" not in json.loads((b / "config.json").read_text())
@@ -303,3 +304,36 @@ def test_the_front_asks_the_socket_the_config_names(setup, tmp_path, sim_host):
         [hook] = json.loads((b / "config.json").read_text())["hooks"]["prestart"]
         assert hook["args"][-3:] == ["--socket", str(sock), "prestart"]
     assert served_creates(server) == [f"create --bundle {tmp_path / 'b-shim'} cid"]
+
+
+def test_a_stopped_spare_costs_a_create_a_bounded_wait_said_in_one_line(setup, tmp_path):
+    """The service's spare stopped: the front stops waiting (5 s in all), the exec'd shim
+    rewrites the bundle, one line says so on stderr and in the runtime's log, and the
+    runtime it execs never sees the word the front handed its Python."""
+    import signal
+
+    configure, sock, start = setup
+    d = tmp_path / "bin"
+    d.mkdir()
+    fake = d / "runc"
+    fake.write_text('#!/bin/sh\necho "${NVHOOK_SERVE_FALLBACK-unset}"\n')
+    fake.chmod(0o755)
+    cfg = configure("legacy")
+    server = start(cfg)
+    server.wait_until(lambda: len(server.spares()) == 1, "a spare worker waiting")
+    [spare] = server.spares()
+    os.kill(spare, signal.SIGSTOP)
+    log = tmp_path / "runc.log"
+    b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"])
+    try:
+        r = subprocess.run([SHIM, "--root", "/r", "--log", str(log), "create", "cid"], cwd=b,
+                           env={"PATH": f"{d}:/usr/sbin:/usr/bin:/sbin:/bin", "NVHOOK_CONFIG": str(cfg)},
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.kill(spare, signal.SIGCONT)
+    line = "hook service at {} did not take the start within 5 s; running it without the service"
+    assert (r.returncode, r.stdout, r.stderr) == (0, "unset\n", f"nvhook: {line.format(sock)}\n")
+    assert "hook service did not take the start within 5 s" in log.read_text()
+    assert len(json.loads((b / "config.json").read_text())["hooks"]["prestart"]) == 1   # rewritten
+    server.wait_until(lambda: "abandoned: the front gave up" in server.log(), "the request abandoned")
+    assert server.statuses() == []

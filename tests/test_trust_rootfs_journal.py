@@ -340,3 +340,35 @@ def test_a_big_forged_journal_costs_what_its_first_line_does(rootfs, tmp_path):
         assert forged.stat().st_size == 0       # started afresh
     finally:
         j.done()
+
+
+def test_journals_of_dead_starts_are_swept(rootfs, tmp_path, no_leaked_mounts):
+    """A start killed mid-apply, its container then removed (the rootfs gone), left its
+    journal in /run until reboot. The next apply that ends sweeps it; the journal of a
+    killed start whose rootfs is still there is kept (its retry replays it), and a link
+    planted in the journal dir is neither followed nor its target touched."""
+    import shutil
+    from libinject.sim.rootfs import build_rootfs
+
+    edits = make_host(tmp_path / "drv")
+    dead, kept, other = tmp_path / "dead", tmp_path / "kept", tmp_path / "other"
+    for r in (dead, kept, other):
+        build_rootfs(r)
+    for r in (dead, kept):
+        with pytest.raises(RuntimeError, match="exited with -9"):
+            in_ns(_killed_at, r, edits, "commit")
+    target = tmp_path / "target.journal"
+    target.write_text("not ours")
+    link = JOURNAL_DIR / ("0" * 40 + ".journal")
+    link.symlink_to(target)
+    try:
+        shutil.rmtree(dead)                                 # the dead start's container removed
+        assert (JOURNAL_DIR / _journal_name(dead)).exists()
+        assert in_ns(_apply, other, ContainerEdits()) is None   # any start, ending
+        assert not (JOURNAL_DIR / _journal_name(dead)).exists()
+        assert (JOURNAL_DIR / _journal_name(kept)).exists()
+        assert link.is_symlink() and target.read_text() == "not ours"
+        assert in_ns(_apply, kept, ContainerEdits()) is None    # its retry replays it, then it goes
+        assert not (JOURNAL_DIR / _journal_name(kept)).exists()
+    finally:
+        link.unlink()

@@ -11,8 +11,8 @@ no event.
 
 watch() keeps it current: it rechecks the discovery fingerprint (snapshot.fingerprint,
 the digest of every host input discovery's answer depends on) and refreshes when it
-differs from the one the spec was made at (taken before and after discovery, and equal:
-Refresher.discover_steady),
+differs from the one the spec was made at (two discoveries agreeing, each with equal
+fingerprints before and after it: Refresher.discover_steady),
   - shortly after kernel uevents that may mean a change (a netlink
     NETLINK_KOBJECT_UEVENT socket through pyroute2, kernel multicast group only):
     an nvidia* kernel module loaded or removed, any PCI or DRM device event (rare on
@@ -22,6 +22,8 @@ Refresher.discover_steady),
   - and every `interval` s regardless: not every change comes with a uevent (the
     /dev/nvidia* nodes are made by nvidia-modprobe, not by the kernel; a simulated
     host produces none at all; a lost event: the socket buffer overflowed).
+An edited config file (its fixed path, stat'ed at each check) is read again and the spec
+refreshed with it; one that does not load is reported and the previous one kept.
 A uevent is only a hint: the fingerprint decides. Only the kernel's count (sender port
 id 0); any other datagram (a CAP_NET_ADMIN process of the host's network namespace can
 send one) is dropped and counted, the count reported (one line when it changed, at
@@ -184,6 +186,13 @@ class Uevents:
 
 # ----------------------------------------------------------------------------- refresh
 
+def _fresh(*args: Any, **kw: Any) -> Any:
+    """libinject.discover.driver.discover, reading the host (never a snapshot)."""
+    from libinject.discover.driver import discover
+
+    return discover(*args, **{**kw, "snapshot": False})
+
+
 def _read_existing(path: str, limit: int) -> bytes | None:
     """The file's bytes if it is a regular file (not followed if a symlink) of at most
     `limit` bytes; None otherwise (then it is replaced)."""
@@ -238,30 +247,71 @@ class Refresher:
     render(driver) -> the spec's text."""
 
     def __init__(self, output: str, options: Any, render: Callable[[Any], str],
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 reload: Callable[[], tuple[Any, Callable[[Any], str]] | None] | None = None) -> None:
+        """reload() -> (options, render) made anew from the config file when it changed
+        since the last call, else None (the watch asks before each check)."""
         self.output = os.path.abspath(output)
         self.options = options
         self.render = render
         self.log = log
+        self.reload = reload
         self._watch_dirs: list[str] | None = None
         self.made_at: str | None = None     # fingerprint the last refresh's spec is of
 
     def discover_steady(self) -> Any:
         """The Driver, and self.made_at: the fingerprint of the host state it describes.
-        The host is fingerprinted before and after discovering: equal, nothing discovery
-        reads changed meanwhile (a fingerprint taken only before would be remembered for
-        a spec made from a later state: a GPU that went between the two and came back
-        later would leave every later fingerprint equal to it, and the spec without the
-        GPU). Unequal, discovery runs again, up to STEADY_TRIES times; a host that never
-        holds still leaves made_at None, so the next check discovers again."""
+        Two readings must agree: each discovery is fingerprinted before and after (equal:
+        nothing it reads changed meanwhile), and two discoveries in a row, the second
+        fresh (not from the snapshot), must find the same Driver under the same
+        fingerprint. Equal fingerprints alone are not enough: a GPU entry that went and
+        came back within one discovery leaves them equal and the answer without the GPU,
+        and remembering that fingerprint would keep that spec for good (every later
+        check equal to it). A snapshot that disagrees with the agreed answer is written
+        anew (the hook's discovery reads it too). A host that never holds still within
+        2 x STEADY_TRIES discoveries leaves made_at None: the next check discovers again."""
         self.made_at = None
-        for _ in range(STEADY_TRIES):
+        prev: tuple[str, Any] | None = None
+        first = driver = None
+        for n in range(2 * STEADY_TRIES):
             before = self.fingerprint()
-            driver = self.options.discover(log=self.log)
-            if self.fingerprint() == before:
+            driver = self.options.discover(None if n == 0 else _fresh, log=self.log)
+            if n == 0:
+                first = driver
+            if self.fingerprint() != before:
+                prev = None
+                continue
+            if prev is not None and prev == (before, driver):
                 self.made_at = before
+                if driver != first:
+                    self._resave(before, driver)
                 break
+            prev = (before, driver)
         return driver
+
+    def _resave(self, key: str, driver: Any) -> None:
+        """The snapshot discovery keeps for this host, made from driver (key: its
+        fingerprint), where snapshots are on."""
+        from libinject.discover import driver as D
+        from libinject.discover import snapshot
+
+        o = self.options
+        if not getattr(o, "snapshot", False):
+            return
+        root = os.path.realpath(o.root)
+        dev_root = os.path.realpath(o.dev_root) if o.dev_root else root
+        cache = os.path.join(root, (o.ldcache or D.DEFAULT_LDCACHE).lstrip("/"))
+        snapshot.save(snapshot.path_for(o.snapshot_dir or snapshot.DEFAULT_DIR, root, dev_root, cache),
+                      key, driver)
+
+    def reload_config(self) -> bool:
+        """Take the options and render of a config that changed (self.reload); True if
+        taken. NvhookError for a config that does not load (the old ones are kept)."""
+        new = self.reload() if self.reload is not None else None
+        if new is None:
+            return False
+        self.options, self.render = new
+        return True
 
     def _remove(self) -> bool:
         """Remove the spec file; False if there was none."""
@@ -401,6 +451,8 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
         nonlocal current
         report_dropped()
         try:
+            if refresher.reload_config():
+                current = None          # the same host may make another spec now
             if refresher.fingerprint() == current:
                 return
             changed = refresher.refresh()

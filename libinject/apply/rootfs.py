@@ -377,12 +377,72 @@ class DiskJournal:
         self.chain = chain
 
     def done(self) -> None:
-        """The apply ended (committed, or fully rolled back): nothing to replay."""
+        """The apply ended (committed, or fully rolled back): nothing to replay; and the
+        journals of dead starts go (sweep)."""
         try:
             os.unlink(self.name, dir_fd=self.dir_fd)
         except FileNotFoundError:
             pass
+        try:
+            self.sweep(self.dir_fd, self.key, self.name)
+        except OSError:
+            pass        # (only tidying: the next apply tries again)
         self.close()
+
+    SWEEP_MAX = 16      # journals looked at per sweep: what an apply's end may cost
+
+    @classmethod
+    def sweep(cls, dfd: int, key: bytes | None, skip: str = "") -> list[str]:
+        """Remove the journals no apply can ever replay: a killed start's whose rootfs
+        is gone (the container removed) or is another directory now. Kept: those of a
+        rootfs still there (its next apply replays them), those an apply holds (locked),
+        and any not sealed by us (the apply of its rootfs says so, then discards it). Each is
+        opened in the root-only journal dir by fd, never following a link, and removed
+        only while we hold its lock and it is still the file of that name. Names removed."""
+        if key is None:
+            return []       # nothing can be told apart: left as before journals
+        gone: list[str] = []
+        names = [n for n in os.listdir(dfd) if n.endswith(".journal") and n != skip]
+        for name in names[:cls.SWEEP_MAX]:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY,
+                             dir_fd=dfd)
+            except OSError:
+                continue        # (a link, gone meanwhile)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue    # an apply is running on it
+                now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or cls._replayable(fd, key):
+                    continue
+                os.unlink(name, dir_fd=dfd)
+                gone.append(name)
+            finally:
+                os.close(fd)
+        return gone
+
+    @staticmethod
+    def _replayable(fd: int, key: bytes) -> bool:
+        """Not provably dead: False only for a journal whose first line is sealed by us
+        and names a rootfs that is no longer the very directory it was."""
+        head = os.read(fd, 1 << 16).split(b"\n", 1)
+        if len(head) < 2:
+            return True         # no whole header: not ours to judge
+        mac, _, body = head[0].partition(b" ")
+        if not _compare_digest(mac, _seal_line(_chain(key), body)):
+            return True
+        try:
+            header = jsonc.loads(body)
+            return _rootfs_identity(header["rootfs"], header.get("owner")) == header
+        except NvhookError:
+            return False        # the rootfs is gone
+        except (ValueError, KeyError, TypeError):
+            return True
 
     def close(self) -> None:
         """Keep the file (what could not be undone is retried by the next apply)."""

@@ -191,6 +191,9 @@ def _handle(stage, data, args, cwd, discover, plan) -> int:
         # In a user namespace the config's owner cannot be checked: not read (module doc).
         cfg = config_mod.Config() if userns else config_mod.load(args.config, {}, trusted=True)
         log = Log(args.debug or cfg.log_file(), level="debug" if args.debug else cfg.log_level())
+        from libinject.runtime.serve import fallback
+
+        fallback.note(log, stage)       # (the exec'd hook only: a worker's env has no such thing)
         if len(data) > oci_state.MAX_STATE_BYTES:
             raise NvhookError(f"container state on stdin is larger than {oci_state.MAX_STATE_BYTES} bytes")
         state = oci_state.parse_state(data)

@@ -298,6 +298,9 @@ def prepare(argv: Sequence[str], config: tuple[str, bool], path: str | None = No
     cfg = _config.load_at(*config)
     log = Log(args.log, args.log_format, args.debug or cfg.runtime.log_level == "debug",
               extra=cfg.runtime.debug)
+    from libinject.runtime.serve import fallback
+
+    fallback.note(log, args.command or "runtime")     # (the exec'd shim only)
     runtime = find_runtime(cfg.runtime.runtimes, path, also)
     if args.command == "create":
         try:

@@ -16,6 +16,7 @@ server.py but for type hints):
   worker.py        a request's worker, and a spare before its request comes
   listen.py        the socket: bind() under a lock, serving()
   preload.py       what is imported before any fork (PRELOAD)
+  fallback.py      the log line of a start the front ran without the service
   driver_cache.py  discovery and plans, remembered (DriverCache)
   prefault.py      the pages spares copy ahead, learned from workers' pagemaps
   protocol.py      the wire format (the protocol itself is described there), Request

@@ -26,6 +26,8 @@ PRELOAD = (
     "libinject.runtime.shim", "libinject.runtime.serve.shim", "libinject.apply.cdi",
     "libinject.apply.cdi_validate", "libinject.apply.spec", "libinject.plan.csv",
     "libinject.installpath",     # (the hook path a legacy create writes: apply.cdi.default_hook_path)
+    "yaml", "base64",           # a cdi-mode create reading YAML specs (apply.cdi._load_yaml)
+    "libinject.runtime.serve.fallback",     # (the hook's _handle: the exec'd path's log line)
 )
 
 

@@ -11,7 +11,8 @@ Protocol (SOCK_SEQPACKET, one message each way, so no framing):
   server -> front: b"A" + int32 serve-timeout (s) once the worker would take the request;
   front -> server: b"G": the front is committed (it no longer falls back: the container
       may be partly configured from now on); only then does the worker start. A front
-      that gave up waiting for b"A" (5 s) has closed instead, and the worker does nothing.
+      that gave up waiting for b"A" (5 s in all since it connected) has closed instead,
+      and the worker does nothing (worker.ABANDONED: the server logs it so, no status).
   worker or server -> front: b"S" + int32 status + what the hook wrote to stdout/stderr
       (at most MAX_OUTPUT bytes): the hook's exit status, sent by the worker itself as
       soon as the hook is done (the front need not wait for it to exit and be reaped),

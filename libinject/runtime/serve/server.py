@@ -31,7 +31,7 @@ from libinject.runtime.serve.prefault import (
 from libinject.runtime.serve.preload import preload
 from libinject.runtime.serve.prober import _Prober
 from libinject.runtime.serve.protocol import CRASHED, HELLO, MAX_OUTPUT, NAMESPACES, STATUS, TIMED_OUT
-from libinject.runtime.serve.worker import INTERNAL, REPORTED, _Worker
+from libinject.runtime.serve.worker import ABANDONED, INTERNAL, NOT_RUN, REPORTED, _Worker
 
 MAX_JOBS = 64                   # beyond this, connections are closed: the front falls back
 MAX_REPORT = 4 << 20            # bytes of a worker's report read (an ld.so.cache in base64, pages)
@@ -251,7 +251,9 @@ class Server:
             conn.sendmsg([HELLO], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                     struct.pack(f"{len(self.ns_fds)}i", *self.ns_fds))],
                          socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
-        except OSError:
+        except OSError as e:
+            self.log(f"request from pid {pid}: abandoned: the front was gone before our hello "
+                     f"({e.strerror}); it ran the start itself")
             conn.close()
             return
         learned = os.memfd_create("nvhook-learned", os.MFD_CLOEXEC)
@@ -589,6 +591,8 @@ class Server:
                 self.log(f"spares pre-fault {len(merged)} pages ({len(self.prefault_runs)} runs)")
 
     def _done(self, job: _Job, code: int) -> None:
+        """The job is over: the front gets its status (unless the worker sent it, or ran
+        nothing: the front then runs the start itself) and the log says which."""
         self.sel.unregister(job.child.pidfd)
         del self.jobs[job.child.pidfd]
         job.child.close()
@@ -602,11 +606,19 @@ class Server:
             except OSError:
                 pass
         os.close(job.output)
-        if not job.reported:
+        ran = job.reported or code not in NOT_RUN
+        if ran and not job.reported:
             try:
                 job.conn.send(STATUS + struct.pack("i", code) + out, socket.MSG_NOSIGNAL)
             except OSError:
                 pass
         job.conn.close()
-        self.log(f"request from pid {job.peer}: status {code} in "
-                 f"{(time.monotonic() - job.started) * 1000:.1f} ms")
+        ms = (time.monotonic() - job.started) * 1000
+        if ran:
+            self.log(f"request from pid {job.peer}: status {code} in {ms:.1f} ms")
+        elif code == ABANDONED:
+            # Never "status 0": nothing was done here (README: troubleshooting)
+            self.log(f"request from pid {job.peer}: abandoned: the front gave up after {ms:.0f} ms, "
+                     f"before committing, and ran the start itself; nothing done here")
+        else:
+            self.log(f"request from pid {job.peer}: declined after {ms:.0f} ms; the front ran the start itself")

@@ -33,6 +33,11 @@ INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
 WORKER_NAME = "nvhook-worker"
 REPORTED = 0x80                 # in a worker's exit status: it sent b"S" itself (hook codes < 128)
+# Exit statuses of a worker that ran nothing (the server logs these, not a status: the
+# front ran the start itself); a hook's own code that is one of them is sent as INTERNAL.
+DECLINED = 0x7d                 # the request was refused (the worker logged why)
+ABANDONED = 0x7e                # the front went away (gave up waiting) before committing
+NOT_RUN = (DECLINED, ABANDONED)
 
 
 class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/test_hook_serve.py)
@@ -135,13 +140,17 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         try:
             data, anc, flags, _ = self.conn.recvmsg(MAX_REQUEST + 1, socket.CMSG_SPACE(NFDS * 4),
                                                     socket.MSG_CMSG_CLOEXEC)   # nothing we exec gets them
+        except TimeoutError:
+            return ABANDONED    # (the front gives up as soon, and so did not send it)
         except OSError as e:
             self.log(f"request from pid {self.peer}: {e}")
             return INTERNAL
         fds = received_fds(anc)
+        if not data and not fds:
+            return ABANDONED    # it closed before sending its request
         req = self._check(data, flags, fds)
         if req is None:
-            return 0            # declined: the front falls back to exec'ing Python
+            return DECLINED     # the front falls back to exec'ing Python
         shim = isinstance(req, ShimRequest)
         state = b"" if shim else _read_fd(fds[0])
         for fd in fds:
@@ -168,9 +177,9 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             if not shim:
                 self._prefetch(req)     # while the front answers
             if self.conn.recv(16) != GO:
-                return 0        # it fell back (or went away): not ours to do
+                return ABANDONED    # it fell back (or went away): not ours to do
         except OSError:
-            return 0
+            return ABANDONED
         head = b""      # what goes before the output in our answer (the shim's runtime)
         try:
             if shim:
@@ -212,7 +221,8 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         late = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings."))
         if late:
             self.log(f"warning: imported after fork (add to serve.preload.PRELOAD): {', '.join(late)}")
-        return (code & 0x7f) | reported
+        code &= 0x7f
+        return (INTERNAL if code in NOT_RUN else code) | reported
 
     def _prefetch(self, req: Request) -> None:
         """Read-only work of the request's, done while the front answers b"A": its
