@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("nvhook.cmd_sim", "build simulated GPU hosts"),
     "serve": ("nvhook.cmd_serve", "serve the OCI hook from a warm process (optional)"),
     "setup": ("nvhook.cmd_setup", "put nvhook in place on this node: the serve unit, docker, containerd, crio, podman"),
+    "system": ("nvhook.cmd_system", "host tasks: create-dev-char-symlinks (keep GPUs across systemctl daemon-reload)"),
     "doctor": ("nvhook.cmd_doctor", "check this node's set-up: driver, fronts, service, engines, CDI specs, kernel"),
 }
 
