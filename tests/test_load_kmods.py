@@ -129,3 +129,22 @@ def test_no_driver_no_nodes(tmp_path):
     (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n510 nvidia-uvm\n")
     assert devnodes.create_nodes(str(tmp_path)) == []
     assert os.listdir(tmp_path / "dev") == []
+
+
+def test_served_start_creates_the_node(tmp_path, host_without_uvm, sockdir):
+    """The same through `nvhook serve` (a worker of the warm service, not the exec'd hook)."""
+    from support.serve import Serve
+
+    host = host_without_uvm
+    cfg = _config(tmp_path, host, load=True)
+    s = Serve(cfg, sockdir / "run/hook.sock")
+    try:
+        with hookenv.gpu_container(tmp_path / "c", cfg, ["NVIDIA_VISIBLE_DEVICES=0"], PROBE,
+                                   socket=str(s.sock)) as c:
+            r = c.run()
+    finally:
+        assert s.stop() == 0, s.log()
+    assert r.returncode == 0, r.stderr
+    assert "can't open '/dev/nvidia-uvm': No such device or address" in r.stdout, r.stdout + r.stderr
+    assert "status 0" in s.log(), s.log()
+    assert os.stat(host / "dev/nvidia-uvm").st_rdev == os.makedev(_majors(host)["nvidia-uvm"], 0)

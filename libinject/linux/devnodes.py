@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 
 from libinject.errors import NvhookError
 
@@ -78,6 +77,8 @@ def load_modules(dev_root: str, note) -> None:
         if prog is None:
             note(f"load-kmods: cannot load {mod}: no modprobe in {', '.join(MODPROBE)}")
             continue
+        import subprocess   # not on the hook's usual path (modules loaded)
+
         try:
             r = subprocess.run([prog, mod], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
