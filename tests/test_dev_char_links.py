@@ -86,3 +86,29 @@ def test_packaged_rule_and_unit_run_this_command():
     unit = (top / "systemd/nvhook-dev-char.service").read_text()
     want = "/usr/bin/nvhook system create-dev-char-symlinks --create-all"
     assert f'RUN+="{want}"' in rule and f"ExecStart={want}\n" in unit
+
+
+def test_watch_links_a_node_that_appears_later(tmp_path, t4_host):
+    import stat
+    import time
+
+    node = t4_host / "dev/nvidia-uvm-tools"
+    rdev = os.stat(node).st_rdev
+    node.unlink()
+    char = tmp_path / "char"
+    p = subprocess.Popen([*CMD, "--watch", "--driver-root", str(t4_host), "--dev-char-path", str(char)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        link = char / f"{os.major(rdev)}:{os.minor(rdev)}"
+        first = char / "195:255"
+        deadline = time.monotonic() + 60
+        while not os.path.lexists(first) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.path.lexists(first) and not os.path.lexists(link)
+        os.mknod(node, stat.S_IFCHR | 0o666, rdev)
+        while not os.path.lexists(link) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.readlink(link) == str(node)
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
