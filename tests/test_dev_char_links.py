@@ -85,7 +85,8 @@ def test_packaged_rule_and_unit_run_this_command():
     rule = (top / "udev/71-nvhook-dev-char.rules").read_text()
     unit = (top / "systemd/nvhook-dev-char.service").read_text()
     want = "/usr/bin/nvhook system create-dev-char-symlinks --create-all"
-    assert f'RUN+="{want}"' in rule and f"ExecStart={want}\n" in unit
+    assert f'RUN+="{want}"' in rule
+    assert "ExecStart=/usr/bin/nvhook system create-dev-char-symlinks --load-kernel-modules --create-all\n" in unit
 
 
 def test_watch_links_a_node_that_appears_later(tmp_path, t4_host):
