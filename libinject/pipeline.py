@@ -20,7 +20,8 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
               log: Callable[[str], None] | None = None,
               discover_fn: Callable[..., Driver] | None = None,
               plan_fn: Callable[..., ContainerEdits] | None = None,
-              in_process: bool = False, owner: str | None = None) -> ContainerEdits:
+              in_process: bool = False, owner: str | None = None,
+              load_kmods: bool = False) -> ContainerEdits:
     """Discover the driver (options), plan request for rootfs and (unless dry_run) apply
     it to the live container (pid's mount namespace and cgroup; None = ours).
     All-or-nothing: raises NvhookError and leaves the container as it was.
@@ -30,12 +31,18 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
     in_process: apply in this process instead of a forked worker (one fork less on the
     hook's path); only for one-shot processes, since it limits this process's
     capabilities for good. owner: the container's id, where known (what a killed
-    apply's journal is bound to, with the rootfs's identity)."""
+    apply's journal is bound to, with the rootfs's identity). load_kmods: first load
+    NVIDIA's modules and create the driver's missing device nodes (libinject.linux.devnodes)."""
     from libinject.discover.libraries import container_lib_dirs
     from libinject.plan.planner import plan
 
     plan = plan_fn or plan
     say = log or (lambda msg: None)
+    if load_kmods and not dry_run:
+        from libinject.linux import devnodes
+
+        for made in devnodes.prepare(options.dev_root or options.root, say):
+            say(f"load-kmods: created {made}")
     driver = options.discover(discover_fn, log=say)
     say(f"driver {driver.info.driver_version} (cuda {driver.info.cuda_version}) under {driver.root}: "
         f"{len(driver.info.gpus)} GPUs, libraries from {driver.library_source}")

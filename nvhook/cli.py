@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("nvhook.cmd_sim", "build simulated GPU hosts"),
     "serve": ("nvhook.cmd_serve", "serve the OCI hook from a warm process (optional)"),
     "setup": ("nvhook.cmd_setup", "put nvhook in place on this node: the serve unit, docker, containerd, crio, podman"),
+    "system": ("nvhook.cmd_system", "host tasks: create-dev-char-symlinks (keep GPUs across systemctl daemon-reload)"),
     "doctor": ("nvhook.cmd_doctor", "check this node's set-up: driver, fronts, service, engines, CDI specs, kernel"),
 }
 
@@ -55,7 +56,7 @@ def _global_parser() -> argparse.ArgumentParser:
     p.add_argument("--ldcache", help="ld.so.cache to read, relative to the driver root")
     p.add_argument("--user", help="UID[:GID] to run discovery as")
     p.add_argument("--debug", metavar="FILE", help="append a debug log to FILE")
-    p.add_argument("--load-kmods", action="store_true", help="load kernel modules (no-op in simulation)")
+    p.add_argument("--load-kmods", action="store_true", help="before a GPU start: modprobe NVIDIA's modules (host driver only) and create missing /dev/nvidia* nodes (config: load-kmods)")
     p.add_argument("--config", help="config.toml path (default: $XDG_CONFIG_HOME or /etc; "
                                     "hook stages: /etc only)")
     p.add_argument("--socket", metavar="PATH", help="hook stages: the `nvhook serve` socket the "

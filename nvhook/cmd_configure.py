@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     log = Log(os.path.abspath(args.debug), level="debug", prefix="configure: ") if args.debug else None
     edits = configure(request, rootfs, pid=pid, options=options, dry_run=args.dry_run,
-                      log=log.info if log else None, in_process=True)
+                      log=log.info if log else None, in_process=True,
+                      load_kmods=bool(getattr(args, "load_kmods", False)))
     if args.json:
         import json
 

@@ -239,6 +239,7 @@ def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=Non
     log.info(f"{stage}: configuring pid={pid} rootfs={rootfs} devices={request.devices} "
              f"capabilities={','.join(sorted(request.capabilities))}")
     configure(request, rootfs, pid=pid, options=options, log=log.info, discover_fn=discover,
-              plan_fn=plan, in_process=True, owner=state.id)
+              plan_fn=plan, in_process=True, owner=state.id,
+              load_kmods=bool(args.load_kmods or cfg.cli.load_kmods))
     log.info(f"{stage}: done")
     return 0

@@ -64,7 +64,9 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
             return False
         # Its env is PATH alone, and it keeps what the hook needs, for good: the
         # applier's capabilities, and CAP_SYS_PTRACE to open the container's namespaces
-        # (/proc/PID/ns of a non-dumpable process) before it drops to the applier's set.
+        # (/proc/PID/ns of a non-dumpable process) before it drops to the applier's set,
+        # and CAP_MKNOD for load-kmods' missing driver nodes (libinject.linux.devnodes),
+        # made before that drop too.
         os.environ.clear()
         os.environ["PATH"] = SAFE_PATH
         import _prctl
@@ -72,7 +74,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         from libinject.apply.live import caps_kept
         from libinject.linux.privileges import limit_capabilities
 
-        limit_capabilities(caps_kept() | {_prctl.CAP_SYS_PTRACE})
+        limit_capabilities(caps_kept() | {_prctl.CAP_SYS_PTRACE, _prctl.CAP_MKNOD})
         # It will read an image's data: capped, and what the OOM killer takes rather
         # than the server or a bystander (libinject.runtime.ceiling). Done here, before
         # a spare is handed a request: the hook's own call is then free.
