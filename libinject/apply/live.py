@@ -511,7 +511,7 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
                 raise NvhookError(f"procfs entry {host_dir} is not a directory")
         if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
             from libinject.apply.ldconfig import open_ldconfig
-            src.ldconfig_fd = open_ldconfig(ldconfig)
+            src.ldconfig_fd = open_ldconfig(ldconfig, note=notes.append)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -540,7 +540,7 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
             src.gpu_dirs.append(s)
     if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
         from libinject.apply.ldconfig import open_ldconfig
-        src.ldconfig_fd = open_ldconfig(ldconfig)
+        src.ldconfig_fd = open_ldconfig(ldconfig, note=notes.append)
     return src
 
 
