@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from support import hookenv
 from support.hookenv import ENV, PROBE, assert_only_gpu1
 from support.runc import RuncContainer
@@ -42,3 +44,58 @@ def test_ldconfig_real_missing_falls_back_to_sbin_ldconfig(tmp_path, a100_host, 
     assert b"libcuda.so.1" in cache and b"libnvidia-ml.so.1" in cache
     log = (tmp_path / "hook.log").read_text()
     assert "ldconfig /sbin/ldconfig.real does not exist on this host: using /sbin/ldconfig" in log
+
+
+# -- 5. CUDA forward compat only on the GPUs it supports -----------------------------------
+
+def _first_libcuda(rootfs: Path) -> str:
+    import subprocess
+
+    from support.applyenv import HOST_LDCONFIG
+
+    cache = subprocess.run([HOST_LDCONFIG, "-p", "-C", str(rootfs / "etc/ld.so.cache")],
+                           capture_output=True, text=True, check=True).stdout
+    return [ln.split("=> ")[1] for ln in cache.splitlines() if "libcuda.so.1 (libc6,x86-64)" in ln][0]
+
+
+def _compat_image(rootfs: Path) -> None:
+    from support.applyenv import elf
+
+    compat = rootfs / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    elf(compat / "libcuda.so.999.1.1", "libcuda.so.1")
+
+
+@pytest.mark.parametrize("profile, first", [
+    ("rtx4090x1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+    ("a100x8", "/usr/local/cuda/compat/libcuda.so.1")])
+def test_legacy_compat_libcuda_first_only_on_gpus_that_support_it(tmp_path, sim_host, profile, first):
+    """An image's forward-compat libcuda (newer than the driver) goes first on a data
+    center GPU, as NVIDIA's hook does; on a GeForce one CUDA would fail with error 804
+    with it (NVIDIA's hook puts it first there too): the driver's libcuda stays first."""
+    cfg = _config(tmp_path, sim_host(profile))
+    with _container(tmp_path, cfg, ["NVIDIA_VISIBLE_DEVICES=0"], "nvidia-smi -L") as c:
+        _compat_image(c.rootfs)
+        r = c.run()
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert _first_libcuda(c.rootfs) == first
+
+
+@pytest.mark.parametrize("profile, flag", [("rtx4090x1", False), ("a100x8", True)])
+def test_cdi_compat_flag_only_on_hosts_whose_gpus_support_it(tmp_path, sim_host, profile, flag):
+    """The CDI spec's hook gets --cuda-compat-driver-major (NVIDIA: enable-cuda-compat)
+    on a data center host, not on a host of GeForce GPUs; a container given the GeForce
+    GPU through that spec keeps the driver's libcuda first."""
+    from test_cdi_hook import cdi_container, generate
+
+    d = tmp_path / "specs"
+    d.mkdir()
+    spec = generate(sim_host(profile), d / "nvidia.json")
+    [hook] = spec["containerEdits"]["hooks"]
+    assert ("--cuda-compat-driver-major" in hook["args"]) is flag
+    with cdi_container(tmp_path, d, "0", script="true") as c:
+        _compat_image(c.rootfs)
+        r = c.run()
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert _first_libcuda(c.rootfs) == ("/usr/local/cuda/compat/libcuda.so.1" if flag
+                                            else "/usr/lib/x86_64-linux-gnu/libcuda.so.1")
