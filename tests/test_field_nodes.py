@@ -99,3 +99,113 @@ def test_cdi_compat_flag_only_on_hosts_whose_gpus_support_it(tmp_path, sim_host,
         assert r.returncode == 0, r.stdout + r.stderr
         assert _first_libcuda(c.rootfs) == ("/usr/local/cuda/compat/libcuda.so.1" if flag
                                             else "/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+
+
+# -- 2. images that carry the driver's file names as symlinks ------------------------------
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+VER = "550.163.01"
+# A WSL-built / committed / alternatives-managed image: the driver's names are links,
+# dangling (absolute, relative, chained through a missing directory) or absolute to
+# where the driver file will be.
+LINKS = {
+    "/usr/bin/nvidia-smi": "/etc/alternatives/nvidia-smi",
+    "/etc/alternatives/nvidia-smi": "/usr/lib/nvidia/current/nvidia-smi",
+    f"{LIB}/libcuda.so.1": "/usr/lib/wsl/lib/libcuda.so.1",
+    f"{LIB}/libcuda.so.{VER}": f"../wsl/lib/libcuda.so.{VER}",
+    f"{LIB}/libnvidia-ml.so.1": f"{LIB}/libnvidia-ml.so.{VER}",
+    f"{LIB}/libnvidia-ml.so.{VER}": "/usr/lib/wsl/drivers/nv.inf_amd64/libnvidia-ml.so.1",
+}
+
+
+def _plant(rootfs: Path, links: dict[str, str]) -> None:
+    import os
+
+    for link, target in links.items():
+        p = rootfs / link.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, p)
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_driver_names_that_are_symlinks_in_the_image(tmp_path, a100_host, gpu_uuids):
+    """NVIDIA mounts over what the image's link names inside the image, creating it if
+    missing; so does the hook: the container runs the driver's nvidia-smi and sees the
+    driver's libraries at the names it asked for."""
+    cfg = _config(tmp_path, a100_host)
+    script = (PROBE + f"; for f in /usr/bin/nvidia-smi {LIB}/libcuda.so.1 {LIB}/libcuda.so.{VER} "
+              f"{LIB}/libnvidia-ml.so.1; do echo \"$f $(sha256sum < $f | cut -c1-64)\"; done")
+    with _container(tmp_path, cfg, ["NVIDIA_VISIBLE_DEVICES=1"], script) as c:
+        _plant(c.rootfs, LINKS)
+        r = c.run()
+        out = r.stdout + r.stderr
+        assert_only_gpu1(out, gpu_uuids)
+        want = {"/usr/bin/nvidia-smi": "usr/bin/nvidia-smi",
+                f"{LIB}/libcuda.so.1": f"{LIB}/libcuda.so.{VER}",
+                f"{LIB}/libcuda.so.{VER}": f"{LIB}/libcuda.so.{VER}",
+                f"{LIB}/libnvidia-ml.so.1": f"{LIB}/libnvidia-ml.so.{VER}"}
+        for path, host in want.items():
+            assert f"{path} {_digest(a100_host / host.lstrip('/'))}" in out, out
+        # the files the links name were made in the image (empty once unmounted)
+        assert (c.rootfs / "usr/lib/nvidia/current/nvidia-smi").stat().st_size == 0
+        assert (c.rootfs / f"usr/lib/wsl/lib/libcuda.so.{VER}").is_file()
+
+
+# The attacks: a name the hook mounts onto (nvidia-smi) links out of the image, into
+# procfs, into a volume (a host directory), in a loop, to a directory or a device.
+# Whatever it names is looked for inside the rootfs only (as if it were "/"): the host is
+# untouched, the container either runs the driver's nvidia-smi from the name it asked
+# for or does not start, with one line.
+PWN = "nvhook-field-pwn"
+
+
+@pytest.mark.parametrize("link", [f"../../../../../../../etc/{PWN}", f"/etc/{PWN}",
+                                  "../../../../../../etc/passwd"],
+                         ids=["dotdot-dangling", "host-etc-dangling", "dotdot-passwd"])
+def test_driver_name_linked_out_of_the_image_stays_inside(tmp_path, a100_host, link):
+    cfg = _config(tmp_path, a100_host)
+    passwd = _digest(Path("/etc/passwd"))
+    with _container(tmp_path, cfg, ["NVIDIA_VISIBLE_DEVICES=1"], "nvidia-smi -L") as c:
+        (c.rootfs / "usr/bin/nvidia-smi").symlink_to(link)
+        r = c.run()
+        assert r.returncode == 0 and "UUID: GPU-" in r.stdout, r.stdout + r.stderr
+        inside = c.rootfs / "etc" / link.rsplit("/", 1)[1]
+        assert inside.is_file() and not inside.is_symlink()
+    assert not Path(f"/etc/{PWN}").exists()
+    assert _digest(Path("/etc/passwd")) == passwd
+
+
+@pytest.mark.parametrize("links, message", [
+    ({"/usr/bin/nvidia-smi": "/proc/self/root/etc/" + PWN}, "/usr/bin/nvidia-smi in the rootfs"),
+    ({"/usr/bin/nvidia-smi": "/proc/self/environ"}, "procfs/sysfs"),
+    ({"/usr/bin/nvidia-smi": "/hostdir/nvidia-smi"}, "not the container's own"),
+    ({"/usr/bin/nvidia-smi": "/usr/bin/a", "/usr/bin/a": "/usr/bin/nvidia-smi"},
+     "Too many levels of symbolic links"),
+    ({"/usr/bin/nvidia-smi": "/usr/bin/x", "/usr/bin/x": "/usr/bin/y", "/usr/bin/y": "x"},
+     "Too many levels of symbolic links"),
+    ({"/usr/bin/nvidia-smi": "/etc"}, "is a directory, expected a regular file"),
+    ({"/usr/bin/nvidia-smi": "/dev/null"}, "is a char device, expected a regular file"),
+], ids=["proc-self-root", "proc-self-environ", "volume", "loop", "dangling-loop", "dir", "device"])
+def test_driver_name_linked_to_what_cannot_take_it_is_refused(tmp_path, a100_host, links, message):
+    from support.runc import RuncError
+
+    cfg = _config(tmp_path, a100_host)
+    hostdir = tmp_path / "hostdir"     # a volume: a host directory
+    hostdir.mkdir()
+    with _container(tmp_path, cfg, ["NVIDIA_VISIBLE_DEVICES=1"], "sleep 100") as c:
+        c.config["mounts"].append({"destination": "/hostdir", "type": "bind", "source": str(hostdir),
+                                   "options": ["rbind", "rw"]})
+        _plant(c.rootfs, links)
+        with pytest.raises(RuncError) as e:
+            c.create()
+        rootfs = str(c.rootfs)
+        err = [ln for ln in str(e.value).replace("\\n", "\n").splitlines() if "nvhook:" in ln]
+        assert len(err) == 1 and message in err[0], str(e.value)
+        assert hookenv.mounts_naming(rootfs) == []
+    assert list(hostdir.iterdir()) == []
+    assert not Path(f"/etc/{PWN}").exists()
