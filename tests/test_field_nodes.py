@@ -209,3 +209,68 @@ def test_driver_name_linked_to_what_cannot_take_it_is_refused(tmp_path, a100_hos
         assert hookenv.mounts_naming(rootfs) == []
     assert list(hostdir.iterdir()) == []
     assert not Path(f"/etc/{PWN}").exists()
+
+
+# -- 4. a privileged container given the host's /dev --------------------------------------
+
+def _host_dev_bind(c: RuncContainer, source: str) -> None:
+    """The container's /dev a bind of `source` (a privileged pod's hostPath /dev),
+    instead of runc's tmpfs."""
+    c.config["mounts"] = [m for m in c.config["mounts"] if m["destination"] != "/dev"]
+    c.config["mounts"].insert(1, {"destination": "/dev", "type": "bind", "source": source,
+                                  "options": ["rbind", "rw", "nosuid"]})
+
+
+def _tree(top: Path) -> list[tuple]:
+    return sorted((str(p), p.lstat().st_ino, p.lstat().st_mode, p.lstat().st_rdev, p.lstat().st_mtime_ns)
+                  for p in [top, *top.rglob("*")])
+
+
+def test_privileged_container_with_the_hosts_dev(tmp_path, fresh_sim_host):
+    """The container's /dev is the host's: its GPU nodes are the driver's own, nothing
+    is made or mounted there (NVIDIA's cli bind-mounts each node onto itself); the
+    cgroup still lets only GPU 1 through and the libraries are there. The host's /dev
+    (here the simulated host's, the driver's /dev, given what runc needs in a /dev) is
+    as it was after start and stop."""
+    import os
+
+    from libinject.linux import mountinfo
+
+    host = fresh_sim_host("a100x8")
+    dev = host / "dev"
+    for name, minor in (("null", 3), ("zero", 5), ("full", 7), ("random", 8), ("urandom", 9)):
+        os.mknod(dev / name, 0o20666, os.makedev(1, minor))
+    for d in ("pts", "shm", "mqueue"):
+        (dev / d).mkdir()
+    before = _tree(dev)
+    cfg = _config(tmp_path, host)
+    uuids = hookenv.gpu_uuids(host)
+    with _container(tmp_path, cfg, ["NVIDIA_VISIBLE_DEVICES=1"], "sleep 100; true") as c:
+        _host_dev_bind(c, str(dev))
+        c.config["linux"]["devices"] = []
+        c.create()
+        c.start()
+        out = c.exec("sh", "-c", PROBE)
+        assert_only_gpu1(out.stdout + out.stderr, uuids)
+        ns_mounts = [m.mountpoint for m in mountinfo.read(c.pid)]
+        assert [m for m in ns_mounts if m.startswith("/dev/nvidia")] == [], ns_mounts
+        assert _tree(dev) == before
+    assert _tree(dev) == before
+
+
+def test_privileged_container_with_a_dev_lacking_the_nodes_is_refused(tmp_path, a100_host):
+    """The host's real /dev bound in, without the (simulated) GPU's nodes: nothing is
+    ever made there; one line, and the host's /dev is as it was."""
+    from support.runc import RuncError
+
+    before = sorted(p.name for p in Path("/dev").iterdir() if p.name.startswith("nvidia"))
+    cfg = _config(tmp_path, a100_host)
+    with _container(tmp_path, cfg, ["NVIDIA_VISIBLE_DEVICES=1"], "sleep 100") as c:
+        _host_dev_bind(c, "/dev")
+        c.config["linux"]["devices"] = []
+        with pytest.raises(RuncError) as e:
+            c.create()
+        err = [ln for ln in str(e.value).replace("\\n", "\n").splitlines() if "nvhook:" in ln]
+        assert len(err) == 1 and "/dev/nvidia" in err[0] and "host's /dev" in err[0], str(e.value)
+        assert hookenv.mounts_naming(str(c.rootfs)) == []
+    assert sorted(p.name for p in Path("/dev").iterdir() if p.name.startswith("nvidia")) == before

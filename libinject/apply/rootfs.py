@@ -899,6 +899,19 @@ class RootFS:
         finally:
             os.close(fd)
 
+    def is_same(self, path: str, st: os.stat_result) -> bool:
+        """Whether container `path` (a last-component symlink not followed) is the very
+        inode `st` describes (a host node, seen through a bind of the host's /dev)."""
+        try:
+            fd = self.resolve(path, os.O_PATH | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            now = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
     def read_file(self, path: str, limit: int = 1 << 20, *, follow: bool = True) -> bytes | None:
         """Contents of a regular file of the image (None if absent). The file is
         found with O_PATH and checked (regular, not on procfs/sysfs) before it is
