@@ -35,7 +35,8 @@ from support.podman import RootlessPodman, rootless_user, unreachable_dirs
 
 HOOK_LINE = ("nvhook: {stage}: cannot give this container GPUs: the hook runs in a user "
              "namespace (a rootless engine, or a container's own user namespace at "
-             "createContainer), where no device cgroup can be set; use CDI "
+             "createContainer), where no device cgroup can be set (NVIDIA's "
+             "rootless set-up: no-cgroups = true in [nvidia-container-cli]); use CDI "
              "instead: as root `nvhook cdi generate --output /etc/cdi/nvidia.yaml`, then "
              "`podman run --device nvidia.com/gpu=0 ...`\n")
 PROBE = ("nvidia-smi -L; ls /proc/driver/nvidia/gpus; "
@@ -160,6 +161,37 @@ def test_cdi_gives_exactly_gpu1(world, podman):
     mounts = host_mounts()
     r = podman.run(rootfs, ["sh", "-c", PROBE], hooks_dir=hooks, cdi_specs=specs,
                    dev_nodes=host / "dev", devices=["nvidia.com/gpu=1"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [hookenv.gpu_uuids(host)[1]], out
+    assert re.findall(r"^0000:\S+$", r.stdout, re.M) == [_bus_id(host, 1)], out
+    assert "can't open '/dev/nvidia1': No such device or address" in out, out
+    assert "can't open '/dev/nvidia0': No such file or directory" in out, out
+    assert "mknod: /tmp/n0: Operation not permitted" in out, out
+    assert host_mounts() == mounts
+
+
+# -- the OCI hook with NVIDIA's rootless set-up: no-cgroups = true -------------------------
+
+def test_hook_with_no_cgroups_gives_exactly_gpu1(world, podman):
+    """NVIDIA's documented rootless set-up (`no-cgroups = true` in [nvidia-container-cli]):
+    its legacy hook starts the container, without a device cgroup (none can be set from a
+    user namespace). So does ours, in the runtime's user namespace: GPU 1's node, the
+    driver's files and the masked /proc/driver/nvidia; no other GPU's node to open, none
+    to make; nothing mounted on the host."""
+    from libinject.runtime import hooksd
+
+    user, base, host, rootfs, specs, hooks = world
+    config = base / "no-cgroups.toml"
+    config.write_text(f'[nvidia-container-cli]\nroot = "{host}"\nno-cgroups = true\n'
+                      '[nvhook]\nsnapshot = false\n')
+    own = base / "hooks-no-cgroups.d"
+    if not own.exists():
+        hooksd.install(str(own), "always", hookenv.ensure_front(), str(config))
+        own.chmod(0o755)
+    mounts, tree = host_mounts(), _tree(rootfs)
+    r = podman.run(rootfs, ["sh", "-c", PROBE], hooks_dir=own, dev_nodes=host / "dev",
+                   env=["NVIDIA_VISIBLE_DEVICES=1"])
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [hookenv.gpu_uuids(host)[1]], out

@@ -296,7 +296,8 @@ def _ppid(pid: int | str) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[1])   # after "(comm)": state, ppid
 
 
-def _container_target(state, hook_pid: int | str) -> tuple[int, bool]:
+def _container_target(state, hook_pid: int | str,
+                      where: str = "cdi-hook createRuntime") -> tuple[int, bool]:
     """(the container's process at createRuntime, whether we are rootless): the state's
     pid, once it is seen to be what a runtime running this stage gives (runc, crun): a
     live process, child of the runtime that started the hook (hook_pid's parent), in
@@ -311,7 +312,6 @@ def _container_target(state, hook_pid: int | str) -> tuple[int, bool]:
     its user namespace owns (the container's, not the host's we run in here)."""
     from libinject.errors import NvhookError
 
-    where = "cdi-hook createRuntime"
     pid = state.pid
     if pid <= 0:
         raise NvhookError(f"{where}: the container state has no pid (status {state.status}): "
