@@ -79,6 +79,8 @@ def test_legacy_compat_libcuda_first_only_on_gpus_that_support_it(tmp_path, sim_
         r = c.run()
         assert r.returncode == 0, r.stdout + r.stderr
         assert _first_libcuda(c.rootfs) == first
+    said = "CUDA forward compat not used: NVIDIA GeForce RTX 4090 does not support it"
+    assert (said in (tmp_path / "hook.log").read_text()) is (profile == "rtx4090x1")
 
 
 @pytest.mark.parametrize("profile, flag", [("rtx4090x1", False), ("a100x8", True)])
