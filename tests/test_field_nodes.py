@@ -158,6 +158,46 @@ def test_driver_names_that_are_symlinks_in_the_image(tmp_path, a100_host, gpu_uu
         assert (c.rootfs / f"usr/lib/wsl/lib/libcuda.so.{VER}").is_file()
 
 
+@pytest.mark.parametrize("links, path, want", [
+    ({"/a/l": "/x/y/f"}, "/a/l", "/x/y/f"),                              # absolute, dangling
+    ({"/a/l": "../../../../x/f"}, "/a/l", "/x/f"),                       # '..' stops at the root
+    ({"/a/l": "m", "/a/m": "/b/f"}, "/a/l", "/b/f"),                     # a chain
+    ({"/a/d": "/b", "/b/l": "f"}, "/a/d/l", "/b/f"),                     # a directory link on the way
+    ({"/a/l": "/etc/passwd"}, "/a/l", "/etc/passwd"),                    # an existing file
+])
+def test_follow_stays_in_the_rootfs(rootfs, links, path, want):
+    import os
+
+    from libinject.apply.links import follow
+
+    _plant(rootfs, links)
+    fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert follow(fd, path) == want
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("links, path, message", [
+    ({"/a/l": "/a/m", "/a/m": "/a/l"}, "/a/l", "Too many levels of symbolic links"),
+    ({"/a/l": "/nowhere/../etc"}, "/a/l", "'..' of a missing directory"),
+    ({"/a/l": "/etc/passwd/x"}, "/a/l", "Not a directory"),
+])
+def test_follow_refusals(rootfs, links, path, message):
+    import os
+
+    from libinject.apply.links import follow
+    from libinject.errors import NvhookError
+
+    _plant(rootfs, links)
+    fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with pytest.raises(NvhookError, match=message):
+            follow(fd, path)
+    finally:
+        os.close(fd)
+
+
 # The attacks: a name the hook mounts onto (nvidia-smi) links out of the image, into
 # procfs, into a volume (a host directory), in a loop, to a directory or a device.
 # Whatever it names is looked for inside the rootfs only (as if it were "/"): the host is

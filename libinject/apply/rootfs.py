@@ -37,6 +37,7 @@ import stat
 import time
 
 from libinject import jsonc
+from libinject.apply import links
 from libinject.linux import atomic, mountinfo, native
 from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
@@ -68,7 +69,6 @@ _NO_ATTR = {"rw", "bind", "rbind", "suid", "dev", "exec", "private", "rprivate",
             "rslave", "shared", "rshared"}
 SAVE_LIMIT = 1 << 24        # the largest image file we save for rollback (ld.so.cache)
 JOURNAL_DIR = "/run/nvhook/journal"
-MAX_LINKS = 40              # symlinks followed in one path (the kernel's limit)
 JOURNAL_WAIT = 60.0         # s to wait for another apply on the same rootfs to finish
 
 
@@ -949,66 +949,6 @@ class RootFS:
             raise NvhookError(f"{path} in the rootfs changed while opening it")
         return fd
 
-    def follow(self, path: str) -> str:
-        """The container path `path` names once every image symlink in it is followed
-        as the kernel would with the rootfs as "/" (absolute links from its root, ".."
-        stopping there; at most MAX_LINKS links), where the last components need not
-        exist: what a dangling link names, for the caller to create. Each directory is
-        opened beneath the rootfs without following anything (the walk already did);
-        nothing on procfs/sysfs is followed. Raises NvhookError."""
-        todo = [p for p in reversed(path.split("/"))]
-        done: list[str] = []
-        links = 0
-        missing = False
-        while todo:
-            name = todo.pop()
-            if name in ("", "."):
-                continue
-            if name == "..":
-                if missing:   # (the kernel: ENOENT; nothing to make from it)
-                    raise NvhookError(f"{path} in the rootfs: a link names '..' of a missing directory")
-                if done:
-                    done.pop()
-                continue
-            if not missing:
-                target = self._link_at(done, name, path)
-                if target is None:
-                    missing = self.lstat("/" + "/".join(done + [name])) is None
-                else:
-                    links += 1
-                    if links > MAX_LINKS:
-                        raise NvhookError(f"{path} in the rootfs: {os.strerror(errno.ELOOP)}")
-                    if target.startswith("/"):
-                        done = []
-                    todo.extend(reversed(target.split("/")))
-                    continue
-            done.append(name)
-        return "/" + "/".join(done)
-
-    def _link_at(self, parts: list[str], name: str, path: str) -> str | None:
-        """The target of symlink `name` in directory /parts (itself free of links), or
-        None where `name` is no symlink (or absent)."""
-        try:
-            dfd = openat2(self.fd, "/".join(parts) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
-                          native.RESOLVE_BENEATH | native.RESOLVE_NO_SYMLINKS
-                          | native.RESOLVE_NO_MAGICLINKS)
-        except OSError as e:
-            raise NvhookError(f"{path} in the rootfs: /{'/'.join(parts)}: {os.strerror(e.errno)}") from None
-        try:
-            if fs_type(dfd) in (native.PROC_SUPER_MAGIC, native.SYSFS_MAGIC):
-                raise NvhookError(f"{path} in the rootfs leads to procfs/sysfs; refusing")
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                return None
-            if not stat.S_ISLNK(st.st_mode):
-                return None
-            return os.readlink(name, dir_fd=dfd)
-        except OSError as e:
-            raise NvhookError(f"{path} in the rootfs: {os.strerror(e.errno)}") from None
-        finally:
-            os.close(dfd)
-
     # -- creation ------------------------------------------------------------------
     def _own(self, fd: int, mode: int, st: os.stat_result | None = None) -> None:
         """Owner and mode of a new entry; `st` (its fstat) skips what already matches
@@ -1406,7 +1346,7 @@ class RootFS:
             except FileNotFoundError:
                 # The image's name is a symlink naming nothing (yet): NVIDIA's cli makes
                 # what it names (and its directories), inside the rootfs, and mounts there.
-                real = path if followed else self.follow(path)
+                real = path if followed else links.follow(self.fd, path)
                 if real == path:
                     raise NvhookError(f"mount target {path} in the rootfs: "
                                       f"{os.strerror(errno.ENOENT)}") from None
