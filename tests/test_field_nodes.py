@@ -316,3 +316,39 @@ def test_privileged_container_with_a_dev_lacking_the_nodes_is_refused(tmp_path, 
         assert len(err) == 1 and "/dev/nvidia" in err[0] and "host's /dev" in err[0], str(e.value)
         assert hookenv.mounts_naming(str(c.rootfs)) == []
     assert sorted(p.name for p in Path("/dev").iterdir() if p.name.startswith("nvidia")) == before
+
+
+MIXED = {
+    "description": "a data center GPU and a GeForce one (issue 30: forward compat per GPU)",
+    "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "brand": "Tesla", "bus_id": "0000:07:00.0",
+              "architecture": "Ampere", "memory_mib": 81920},
+             {"name": "NVIDIA GeForce RTX 4090", "brand": "GeForce", "bus_id": "0000:41:00.0",
+              "architecture": "Ada", "memory_mib": 24564}],
+}
+
+
+@pytest.mark.parametrize("device, first", [("0", "/usr/local/cuda/compat/libcuda.so.1"),
+                                           ("1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1")],
+                         ids=["a100", "geforce"])
+def test_cdi_compat_on_a_mixed_host_follows_the_containers_gpu(tmp_path, device, first):
+    """A host with an A100 and a GeForce: the spec's hook has the compat flag (its hook is
+    common to every device); a container given the A100 gets the compat libcuda first,
+    one given the GeForce keeps the driver's."""
+    import json
+
+    from libinject.sim.build import create_host
+    from test_cdi_hook import cdi_container, generate
+
+    prof = tmp_path / "mixed.json"
+    prof.write_text(json.dumps(MIXED))
+    host = create_host(tmp_path / "mixed", profile_file=prof)
+    d = tmp_path / "specs"
+    d.mkdir()
+    spec = generate(host, d / "nvidia.json")
+    [hook] = spec["containerEdits"]["hooks"]
+    assert "--cuda-compat-driver-major" in hook["args"]
+    with cdi_container(tmp_path, d, device, script="true") as c:
+        _compat_image(c.rootfs)
+        r = c.run()
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert _first_libcuda(c.rootfs) == first

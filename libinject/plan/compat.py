@@ -23,3 +23,10 @@ CONSUMER_BRANDS = frozenset({"geforce", "geforcertx", "titan", "titanrtx"})
 def consumer(gpus: Iterable[Gpu]) -> list[Gpu]:
     """The GPUs among `gpus` forward compatibility does not support."""
     return [g for g in gpus if g.brand.lower() in CONSUMER_BRANDS]
+
+
+def consumer_model(model: str) -> bool:
+    """Whether a GPU model name (procfs's "Model:", where NVML is not at hand) is a
+    consumer card's: NVIDIA names them "NVIDIA GeForce ..." and "NVIDIA TITAN ..."."""
+    words = model.lower().split()
+    return "geforce" in words or "titan" in words
