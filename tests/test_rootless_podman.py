@@ -200,3 +200,37 @@ def test_hook_with_no_cgroups_gives_exactly_gpu1(world, podman):
     assert "can't open '/dev/nvidia0': No such file or directory" in out, out
     assert "mknod: /tmp/n0: Operation not permitted" in out, out
     assert host_mounts() == mounts
+
+
+@pytest.mark.parametrize("where", ["dir-writable-by-all", "file-writable-by-group"])
+def test_hook_in_a_user_namespace_refuses_a_config_others_can_write(world, podman, where):
+    """Attack: in a user namespace the hook reads its config (host root shows as the
+    overflow uid there); one in a directory anyone can write to, or writable by its
+    group, could be another user's choice of driver root and ldconfig: refused with one
+    line, nothing done (old code: read no config there at all)."""
+    user, base, host, rootfs, specs, hooks = world
+    d = Path(tempfile.mkdtemp(prefix="cfg", dir=base))
+    config = d / "config.toml"
+    config.write_text(f'[nvidia-container-cli]\nroot = "{host}"\nno-cgroups = true\n'
+                      '[nvhook]\nsnapshot = false\n')
+    if where == "dir-writable-by-all":
+        d.chmod(0o777)
+        config.chmod(0o644)
+        what = f"directory {d}"
+    else:
+        d.chmod(0o755)
+        config.chmod(0o664)
+        what = "the file"
+    bundle = Path(tempfile.mkdtemp(prefix="b", dir=base))
+    bundle.chmod(0o755)
+    (bundle / "config.json").write_text(json.dumps(
+        {"ociVersion": "1.0.2", "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "args": ["true"]},
+         "root": {"path": str(rootfs)}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "rl", "status": "creating", "pid": 1,
+                        "bundle": str(bundle)})
+    tree = _tree(rootfs)
+    r = podman.as_user(["unshare", "--user", "--map-root-user", hookenv.ensure_front(), "--config",
+                        str(config), "--socket", "none", "prestart"], input=state, timeout=60)
+    assert (r.returncode, r.stderr) == (1, f"nvhook: config file {config}: {what} must be owned by "
+                                           "root and writable by nobody else\n"), r.stdout
+    assert _tree(rootfs) == tree
