@@ -173,7 +173,8 @@ def test_cdi_gives_exactly_gpu1(world, podman):
 
 # -- the OCI hook with NVIDIA's rootless set-up: no-cgroups = true -------------------------
 
-def test_hook_with_no_cgroups_gives_exactly_gpu1(world, podman):
+@pytest.mark.parametrize("stage", ["prestart", "createContainer"])
+def test_hook_with_no_cgroups_gives_exactly_gpu1(world, podman, stage):
     """NVIDIA's documented rootless set-up (`no-cgroups = true` in [nvidia-container-cli]):
     its legacy hook starts the container, without a device cgroup (none can be set from a
     user namespace). So does ours, in the runtime's user namespace: GPU 1's node, the
@@ -185,9 +186,13 @@ def test_hook_with_no_cgroups_gives_exactly_gpu1(world, podman):
     config = base / "no-cgroups.toml"
     config.write_text(f'[nvidia-container-cli]\nroot = "{host}"\nno-cgroups = true\n'
                       '[nvhook]\nsnapshot = false\n')
-    own = base / "hooks-no-cgroups.d"
+    own = base / f"hooks-no-cgroups-{stage}.d"
     if not own.exists():
-        hooksd.install(str(own), "always", hookenv.ensure_front(), str(config))
+        written = hooksd.install(str(own), "always", hookenv.ensure_front(), str(config))
+        doc = json.loads(written.read_text())
+        doc["stages"] = [stage]
+        doc["hook"]["args"] = [a if a != "prestart" else stage for a in doc["hook"]["args"]]
+        written.write_text(json.dumps(doc))
         own.chmod(0o755)
     mounts, tree = host_mounts(), _tree(rootfs)
     r = podman.run(rootfs, ["sh", "-c", PROBE], hooks_dir=own, dev_nodes=host / "dev",
