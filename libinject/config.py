@@ -193,21 +193,22 @@ def config_path(explicit: str | None = None, environ: dict[str, str] | None = No
 
 
 def load(explicit: str | None = None, environ: dict[str, str] | None = None, *,
-         trusted: bool = False) -> Config:
+         trusted: bool = False, userns: bool = False) -> Config:
     """The effective configuration; NvhookError for a missing explicit file or bad content.
-    trusted: the file must be one only root could have written (the hook's rule)."""
+    trusted: the file must be one only root could have written (the hook's rule);
+    userns: read from a user namespace, where host root shows as the overflow uid."""
     path, required = config_path(explicit, environ)
-    return load_at(path, required, trusted=trusted)
+    return load_at(path, required, trusted=trusted, userns=userns)
 
 
-def load_at(path: str, required: bool, *, trusted: bool = False) -> Config:
+def load_at(path: str, required: bool, *, trusted: bool = False, userns: bool = False) -> Config:
     """load() of a path already found by config_path() (the runtime shim's front found
     it in the engine's environment and says which, for `nvhook serve` to read)."""
     memo = _request_loads
-    if memo is not None and (path, required, trusted) in memo:
+    if memo is not None and (path, required, trusted) in memo and not userns:
         return memo[(path, required, trusted)]
-    cfg = _load(path, required, trusted)
-    if memo is not None:
+    cfg = _load(path, required, trusted, userns)
+    if memo is not None and not userns:
         memo[(path, required, trusted)] = cfg
     return cfg
 
@@ -219,10 +220,10 @@ def load_at(path: str, required: bool, *, trusted: bool = False) -> Config:
 _request_loads: dict[tuple[str, bool, bool], "Config"] | None = None
 
 
-def _load(path: str, required: bool, trusted: bool) -> Config:
+def _load(path: str, required: bool, trusted: bool, userns: bool = False) -> Config:
     from libinject.linux.files import read_bounded
 
-    check = (lambda fd, st: _check_root_owned(path, fd, st)) if trusted else None
+    check = (lambda fd, st: _check_root_owned(path, fd, st, userns)) if trusted else None
     data = read_bounded(path, MAX_CONFIG_BYTES, "config file", missing_ok=True, check=check)
     if data is None:
         if required:
@@ -234,17 +235,29 @@ def _load(path: str, required: bool, trusted: bool) -> Config:
     return cfg
 
 
-def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
+def _overflow_uid() -> int:
+    """The uid a user namespace shows for an unmapped one (host root among them)."""
+    try:
+        with open("/proc/sys/kernel/overflowuid", "rb") as f:
+            return int(f.read(32))
+    except (OSError, ValueError):
+        return 65534
+
+
+def _check_root_owned(path: str, fd: int, st: os.stat_result, userns: bool = False) -> None:
     """The opened file (fd, st), every directory on the way to it, and every symlink on
     the path as given: root-owned and not writable by group or others (a sticky
-    directory such as /tmp may be: nobody else can replace root's entries in it)."""
+    directory such as /tmp may be: nobody else can replace root's entries in it).
+    userns: in a user namespace (rootless engine) host root shows as the overflow uid."""
     import stat
+
+    roots = {0, _overflow_uid()} if userns else {0}
 
     def refuse(what: str) -> NvhookError:
         return NvhookError(f"config file {path}: {what} must be owned by root and writable by "
                            "nobody else")
 
-    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if st.st_uid not in roots or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise refuse("the file")
     # Symlinks named on the way (their targets' directories are checked below, by where
     # the opened file really is).
@@ -255,12 +268,12 @@ def _check_root_owned(path: str, fd: int, st: os.stat_result) -> None:
             lst = os.lstat(sub)
         except OSError:
             raise refuse(sub) from None
-        if stat.S_ISLNK(lst.st_mode) and lst.st_uid != 0:
+        if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in roots:
             raise refuse(f"symlink {sub}")
     d = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
     while True:
         dst = os.stat(d)
-        if dst.st_uid != 0 or (dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if dst.st_uid not in roots or (dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
                                and not dst.st_mode & stat.S_ISVTX):
             raise refuse(f"directory {d}")
         if d == "/":

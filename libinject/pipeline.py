@@ -51,6 +51,14 @@ def configure(request: Request, rootfs: str, *, pid: int | None, options: Discov
     say(f"plan: {len(edits.device_nodes)} devices ({', '.join(d.path for d in edits.device_nodes)}), "
         f"{len(edits.mounts)} mounts, {len(edits.symlinks)} symlinks, "
         f"{len(edits.cgroup_rules)} cgroup rules, lib dir {lib_dir}")
+    if edits.cuda_compat is None and request.cuda_compat_mode not in ("disabled", ""):
+        from libinject.plan.compat import consumer
+
+        nodes = {d.path for d in edits.device_nodes}
+        names = sorted({g.name for g in consumer(driver.info.gpus) if f"/dev/nvidia{g.minor}" in nodes})
+        if names:
+            say(f"CUDA forward compat not used: {', '.join(names)} does not support it "
+                "(CUDA would fail with error 804)")
     if dry_run:
         return edits
     from libinject.apply import live

@@ -47,3 +47,25 @@ def test_without_ldconfig_real_the_wrapper_is_refused(ubuntu_sbin):
     real.unlink()
     with pytest.raises(NvhookError, match=r"is a script \(on Ubuntu use @/sbin/ldconfig.real\)"):
         ldconfig.open_ldconfig(f"@{wrapper}")
+
+
+@pytest.mark.parametrize("prefix", ["@", "@!"])
+def test_a_missing_ldconfig_real_falls_back_to_the_name_without_it(tmp_path, prefix):
+    """A config copied from Ubuntu on a host without ldconfig.real: NVIDIA's toolkit
+    (config.NormalizeLDConfigPath) runs the host's ldconfig instead; so do we, saying so."""
+    plain = tmp_path / "ldconfig"
+    shutil.copy("/sbin/ldconfig", plain)
+    said: list[str] = []
+    fd = ldconfig.open_ldconfig(f"{prefix}{plain}.real", note=said.append)
+    try:
+        assert os.fstat(fd).st_ino == plain.stat().st_ino
+    finally:
+        os.close(fd)
+    assert said == [f"ldconfig {plain}.real does not exist on this host: using {plain}"]
+
+
+def test_another_missing_ldconfig_is_refused(tmp_path):
+    with pytest.raises(NvhookError, match=r"ldconfig .*/ldconfig.new: No such file"):
+        ldconfig.open_ldconfig(f"@{tmp_path}/ldconfig.new")
+    with pytest.raises(NvhookError, match=r"ldconfig .*/ldconfig: No such file"):
+        ldconfig.open_ldconfig(f"@{tmp_path}/ldconfig.real")

@@ -35,7 +35,8 @@ from support.podman import RootlessPodman, rootless_user, unreachable_dirs
 
 HOOK_LINE = ("nvhook: {stage}: cannot give this container GPUs: the hook runs in a user "
              "namespace (a rootless engine, or a container's own user namespace at "
-             "createContainer), where no device cgroup can be set; use CDI "
+             "createContainer), where no device cgroup can be set (NVIDIA's "
+             "rootless set-up: no-cgroups = true in [nvidia-container-cli]); use CDI "
              "instead: as root `nvhook cdi generate --output /etc/cdi/nvidia.yaml`, then "
              "`podman run --device nvidia.com/gpu=0 ...`\n")
 PROBE = ("nvidia-smi -L; ls /proc/driver/nvidia/gpus; "
@@ -168,3 +169,73 @@ def test_cdi_gives_exactly_gpu1(world, podman):
     assert "can't open '/dev/nvidia0': No such file or directory" in out, out
     assert "mknod: /tmp/n0: Operation not permitted" in out, out
     assert host_mounts() == mounts
+
+
+# -- the OCI hook with NVIDIA's rootless set-up: no-cgroups = true -------------------------
+
+@pytest.mark.parametrize("stage", ["prestart", "createContainer"])
+def test_hook_with_no_cgroups_gives_exactly_gpu1(world, podman, stage):
+    """NVIDIA's documented rootless set-up (`no-cgroups = true` in [nvidia-container-cli]):
+    its legacy hook starts the container, without a device cgroup (none can be set from a
+    user namespace). So does ours, in the runtime's user namespace: GPU 1's node, the
+    driver's files and the masked /proc/driver/nvidia; no other GPU's node to open, none
+    to make; nothing mounted on the host."""
+    from libinject.runtime import hooksd
+
+    user, base, host, rootfs, specs, hooks = world
+    config = base / "no-cgroups.toml"
+    config.write_text(f'[nvidia-container-cli]\nroot = "{host}"\nno-cgroups = true\n'
+                      '[nvhook]\nsnapshot = false\n')
+    own = base / f"hooks-no-cgroups-{stage}.d"
+    if not own.exists():
+        written = hooksd.install(str(own), "always", hookenv.ensure_front(), str(config))
+        doc = json.loads(written.read_text())
+        doc["stages"] = [stage]
+        doc["hook"]["args"] = [a if a != "prestart" else stage for a in doc["hook"]["args"]]
+        written.write_text(json.dumps(doc))
+        own.chmod(0o755)
+    mounts, tree = host_mounts(), _tree(rootfs)
+    r = podman.run(rootfs, ["sh", "-c", PROBE], hooks_dir=own, dev_nodes=host / "dev",
+                   env=["NVIDIA_VISIBLE_DEVICES=1"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert re.findall(r"UUID: (GPU-[0-9a-f-]+)", out) == [hookenv.gpu_uuids(host)[1]], out
+    assert re.findall(r"^0000:\S+$", r.stdout, re.M) == [_bus_id(host, 1)], out
+    assert "can't open '/dev/nvidia1': No such device or address" in out, out
+    assert "can't open '/dev/nvidia0': No such file or directory" in out, out
+    assert "mknod: /tmp/n0: Operation not permitted" in out, out
+    assert host_mounts() == mounts
+
+
+@pytest.mark.parametrize("where", ["dir-writable-by-all", "file-writable-by-group"])
+def test_hook_in_a_user_namespace_refuses_a_config_others_can_write(world, podman, where):
+    """Attack: in a user namespace the hook reads its config (host root shows as the
+    overflow uid there); one in a directory anyone can write to, or writable by its
+    group, could be another user's choice of driver root and ldconfig: refused with one
+    line, nothing done (old code: read no config there at all)."""
+    user, base, host, rootfs, specs, hooks = world
+    d = Path(tempfile.mkdtemp(prefix="cfg", dir=base))
+    config = d / "config.toml"
+    config.write_text(f'[nvidia-container-cli]\nroot = "{host}"\nno-cgroups = true\n'
+                      '[nvhook]\nsnapshot = false\n')
+    if where == "dir-writable-by-all":
+        d.chmod(0o777)
+        config.chmod(0o644)
+        what = f"directory {d}"
+    else:
+        d.chmod(0o755)
+        config.chmod(0o664)
+        what = "the file"
+    bundle = Path(tempfile.mkdtemp(prefix="b", dir=base))
+    bundle.chmod(0o755)
+    (bundle / "config.json").write_text(json.dumps(
+        {"ociVersion": "1.0.2", "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "args": ["true"]},
+         "root": {"path": str(rootfs)}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "rl", "status": "creating", "pid": 1,
+                        "bundle": str(bundle)})
+    tree = _tree(rootfs)
+    r = podman.as_user(["unshare", "--user", "--map-root-user", hookenv.ensure_front(), "--config",
+                        str(config), "--socket", "none", "prestart"], input=state, timeout=60)
+    assert (r.returncode, r.stderr) == (1, f"nvhook: config file {config}: {what} must be owned by "
+                                           "root and writable by nobody else\n"), r.stdout
+    assert _tree(rootfs) == tree

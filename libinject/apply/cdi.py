@@ -35,6 +35,7 @@ import posixpath
 
 from libinject.constants import ALL_CAPABILITIES, SAFE_PATH
 from libinject.linux import atomic
+from libinject.plan import compat as _compat
 from libinject.plan.edits import ContainerEdits, DeviceEdit, MountEdit, SymlinkEdit
 from libinject.errors import NvhookError
 from libinject.record import field, record, replace
@@ -310,6 +311,13 @@ def select_ids(info, strategies: Sequence[str], ids: Sequence[str]) -> tuple[lis
     return chosen, len(chosen) == len(every), want_none
 
 
+def _consumer_host(driver) -> bool:
+    """Whether every GPU of the host is one forward compat does not support (the spec's
+    hook is common to all its devices: a mixed host keeps NVIDIA's behaviour)."""
+    gpus = driver.info.gpus
+    return bool(gpus) and len(_compat.consumer(gpus)) == len(gpus)
+
+
 def _planner(driver, capabilities: Iterable[str], lib_dir: str | None, lib32_dir: str | None):
     """plan(**request fields) -> ContainerEdits, as the hook would plan that request."""
     from libinject.plan import planner as _plan
@@ -366,7 +374,8 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
 
     base = plan(devices="none")
     major = driver.info.driver_version.split(".", 1)[0]
-    if major.isdigit() and not hook.cuda_compat_major:
+    # (a host of consumer GPUs only: forward compat cannot work there, libinject.plan.compat)
+    if major.isdigit() and not hook.cuda_compat_major and not _consumer_host(driver):
         hook = replace(hook, cuda_compat_major=int(major))
     if mask_procfs and base.procfs is not None and driver.procfs_dir:
         hook = replace(hook, procfs_dir=driver.procfs_dir)

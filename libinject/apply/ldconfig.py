@@ -74,15 +74,25 @@ DEFAULT = "@/sbin/ldconfig"
 UBUNTU_REAL = "/sbin/ldconfig.real"
 
 
-def open_ldconfig(spec: str, root: RootFS | None = None) -> int:
+def open_ldconfig(spec: str, root: RootFS | None = None,
+                  note: Callable[[str], None] | None = None) -> int:
     """fd of the ldconfig to execute. "@PATH" (or "@!PATH": always run it) is a host
     path: open it *before* entering the container's mount namespace. A plain path is
-    the image's, resolved inside the rootfs (regular file only)."""
+    the image's, resolved inside the rootfs (regular file only). A host "X.real" that
+    does not exist falls back to the host's X, said through `note`."""
     if spec.startswith("@"):
-        path = spec[2:] if spec.startswith("@!") else spec[1:]
+        bang = "@!" if spec.startswith("@!") else "@"
+        path = spec[len(bang):]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
+            if e.errno == errno.ENOENT and path.endswith(".real") and len(path) > 6:
+                # Ubuntu's name in a config copied to a host without it (RHEL, Debian, the
+                # GPU Operator's): NVIDIA's toolkit falls back to the name without ".real"
+                # (config.NormalizeLDConfigPath). Still a host path from the trusted config.
+                if note is not None:
+                    note(f"ldconfig {path} does not exist on this host: using {path[:-5]}")
+                return open_ldconfig(bang + path[:-5], root, note)
             raise NvhookError(f"ldconfig {path}: {os.strerror(e.errno)}") from None
     else:
         if root is None:

@@ -511,7 +511,7 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
                 raise NvhookError(f"procfs entry {host_dir} is not a directory")
         if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
             from libinject.apply.ldconfig import open_ldconfig
-            src.ldconfig_fd = open_ldconfig(ldconfig)
+            src.ldconfig_fd = open_ldconfig(ldconfig, note=notes.append)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -540,7 +540,7 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
             src.gpu_dirs.append(s)
     if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
         from libinject.apply.ldconfig import open_ldconfig
-        src.ldconfig_fd = open_ldconfig(ldconfig)
+        src.ldconfig_fd = open_ldconfig(ldconfig, note=notes.append)
     return src
 
 
@@ -603,7 +603,8 @@ def _apply(edits: ContainerEdits, root: RootFS, src: _Sources, ldconfig: str) ->
     # A live /dev directory (devdir) brings its nodes itself: theirs are not made
     live = tuple(m.container_path + "/" for m, _ in mounts if m.kind == "devdir")
     devices = [(d, s) for d, s in devices if not d.path.startswith(live)]
-    _mounts(root, [(m, s) for m, s in mounts if m.kind == "devdir"])
+    _mounts(root, [(m, s) for m, s in mounts      # (the host's own, in the host's /dev: kept)
+                   if m.kind == "devdir" and not root.is_same(m.container_path, s.st)])
     for kind in DEVICE_KINDS:
         _devices(root, [(d, s) for d, s in devices if d.kind == kind])
         if kind == "gpu":
@@ -669,9 +670,18 @@ def _mounts(root: RootFS, items: list[tuple[MountEdit, _Source]]) -> None:
 
 
 def _devices(root: RootFS, items: list[tuple[DeviceEdit, _Source]]) -> None:
+    # A privileged container given the host's /dev has the driver's very nodes there:
+    # nothing to make or mount (NVIDIA's cli binds each onto itself); the cgroup step
+    # still allows them.
+    items = [(d, s) for d, s in items if not root.is_same(d.path, s.st)]
     root.expect_mounts([(d.path, s.fd, s.st) for d, s in items])  # written ahead at once
     for d, s in items:
-        root.bind_tree(s.fd, s.st, d.path, DEV_ATTRS, source=d.host_path)
+        try:
+            root.bind_tree(s.fd, s.st, d.path, DEV_ATTRS, source=d.host_path)
+        except OnHostMount as e:
+            raise OnHostMount(f"{d.path}: the container's /dev is not its own (the host's /dev "
+                              f"bound in?) and has no node {d.host_path} of the driver's; refusing "
+                              f"to make one there ({e})") from None
 
 
 def _procfs(root: RootFS, edits: ContainerEdits) -> None:

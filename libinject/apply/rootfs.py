@@ -37,6 +37,7 @@ import stat
 import time
 
 from libinject import jsonc
+from libinject.apply import links
 from libinject.linux import atomic, mountinfo, native
 from libinject.linux.proc import proc_fd
 from libinject.errors import NvhookError
@@ -958,6 +959,19 @@ class RootFS:
         finally:
             os.close(fd)
 
+    def is_same(self, path: str, st: os.stat_result) -> bool:
+        """Whether container `path` (a last-component symlink not followed) is the very
+        inode `st` describes (a host node, seen through a bind of the host's /dev)."""
+        try:
+            fd = self.resolve(path, os.O_PATH | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            now = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
     def read_file(self, path: str, limit: int = 1 << 20, *, follow: bool = True) -> bytes | None:
         """Contents of a regular file of the image (None if absent). The file is
         found with O_PATH and checked (regular, not on procfs/sysfs) before it is
@@ -1370,7 +1384,8 @@ class RootFS:
             os.close(pfd)
 
     # -- mounts --------------------------------------------------------------------
-    def target(self, path: str, *, is_dir: bool, also: int = 0, allow_proc: bool = False) -> int:
+    def target(self, path: str, *, is_dir: bool, also: int = 0, allow_proc: bool = False,
+               followed: bool = False) -> int:
         """O_PATH fd of a mount target, created if missing. A file target must be a
         regular file or of file type `also` (S_IFMT bits: the source's own type, as
         left by an earlier configure). Refuses targets on procfs/sysfs (mounting over
@@ -1388,6 +1403,14 @@ class RootFS:
                 return made[0]
             try:
                 fd = self.resolve(path)
+            except FileNotFoundError:
+                # The image's name is a symlink naming nothing (yet): NVIDIA's cli makes
+                # what it names (and its directories), inside the rootfs, and mounts there.
+                real = path if followed else links.follow(self.fd, path)
+                if real == path:
+                    raise NvhookError(f"mount target {path} in the rootfs: "
+                                      f"{os.strerror(errno.ENOENT)}") from None
+                return self.target(real, is_dir=False, also=also, allow_proc=allow_proc, followed=True)
             except OSError as e:
                 raise NvhookError(f"mount target {path} in the rootfs: {os.strerror(e.errno)}") from None
         try:

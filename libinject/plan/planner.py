@@ -33,6 +33,7 @@ import posixpath
 
 from libinject.constants import FABRICMANAGER_SOCKET, GLXSERVER, NVIDIA_MAJOR, PERSISTENCED_SOCKET
 from libinject.discover.libraries import DEBIAN_LIB_DIRS
+from libinject.plan import compat as _compat
 from libinject.plan import procfs as _procfs
 from libinject.plan import require as _require
 from libinject.plan import select as _select
@@ -283,7 +284,8 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
     mounts += [m for _, m in libs]
     symlinks = _symlinks(libs, flags.graphics_libs)
     compat = None
-    if request.cuda_compat_mode not in ("disabled", "") and flags.compute_libs:
+    if (request.cuda_compat_mode not in ("disabled", "") and flags.compute_libs
+            and not _compat.consumer(sel.gpus)):
         if request.cuda_compat_mode not in ("mount", "ldconfig"):
             raise NvhookError(f"invalid cuda-compat-mode: {request.cuda_compat_mode}")
         try:

@@ -266,10 +266,12 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
     folders = tuple(dict.fromkeys(args.folder))
     libraries = ((parse_libraries(args.library) if args.library else spec_libraries(spec, folders))
                  if folders else ())
+    compat = _cuda_compat(args.cuda_compat_driver_major) if folders else None
+    if compat is not None and args.procfs_dir and _consumer_models(spec, args.procfs_dir):
+        compat = None       # CUDA would fail with 804 (libinject.plan.compat)
     edits = ContainerEdits(procfs=procfs.procfs if procfs is not None else None,
                            symlinks=parse_links(args.link), ldconfig_folders=folders,
-                           mounts=libraries,
-                           cuda_compat=_cuda_compat(args.cuda_compat_driver_major) if folders else None)
+                           mounts=libraries, cuda_compat=compat)
     if edits.procfs is None and not edits.symlinks and not edits.ldconfig_folders:
         return 0
     # The image's data comes next (its ld cache, its tree): bounded, as the hook's start.
@@ -296,7 +298,8 @@ def _ppid(pid: int | str) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[1])   # after "(comm)": state, ppid
 
 
-def _container_target(state, hook_pid: int | str) -> tuple[int, bool]:
+def _container_target(state, hook_pid: int | str,
+                      where: str = "cdi-hook createRuntime") -> tuple[int, bool]:
     """(the container's process at createRuntime, whether we are rootless): the state's
     pid, once it is seen to be what a runtime running this stage gives (runc, crun): a
     live process, child of the runtime that started the hook (hook_pid's parent), in
@@ -311,7 +314,6 @@ def _container_target(state, hook_pid: int | str) -> tuple[int, bool]:
     its user namespace owns (the container's, not the host's we run in here)."""
     from libinject.errors import NvhookError
 
-    where = "cdi-hook createRuntime"
     pid = state.pid
     if pid <= 0:
         raise NvhookError(f"{where}: the container state has no pid (status {state.status}): "
@@ -393,6 +395,34 @@ def _private_run() -> None:
     except OSError as e:
         raise NvhookError(f"cdi-hook in a user namespace: cannot make a private /run for "
                           f"its journal: {e.strerror}") from None
+
+
+def _consumer_models(spec: dict, procfs_dir: str) -> list[str]:
+    """The models of the container's GPUs (its /dev/nvidia<N> in linux.devices) that
+    CUDA forward compat does not support, from the host's gpus/*/information (the spec
+    is the container's own: it can only turn compat off for itself)."""
+    from libinject.constants import NVIDIA_MAJOR
+    from libinject.discover import procfs as host_procfs
+    from libinject.plan.compat import consumer_model
+
+    minors = {d.get("minor") for d in (spec.get("linux") or {}).get("devices") or ()
+              if isinstance(d, dict) and d.get("major") == NVIDIA_MAJOR
+              and isinstance(d.get("path"), str) and d["path"].removeprefix("/dev/nvidia").isdigit()}
+    gpus = os.path.join(procfs_dir, "gpus")
+    try:
+        names = sorted(os.listdir(gpus))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        text = host_procfs.read_text(os.path.join(gpus, name, "information")) or ""
+        if host_procfs.device_minor(text) not in minors:
+            continue
+        model = next((v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines())
+                      if k.strip() == "Model"), "")
+        if consumer_model(model):
+            out.append(model)
+    return out
 
 
 def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):

@@ -17,15 +17,18 @@ A container that wants no GPU exits 0 having imported libinject.jsonc, the state
 and the config reader only. Errors: one line on stderr ("nvhook: ..."), exit 1, so the
 runtime's create fails with it.
 
-Rootless engines (podman run by a user) run the runtime, and so this hook, in a user
-namespace. The hook cannot do its job there: the device cgroup needs CAP_SYS_ADMIN
-(v1 devices.allow) or CAP_BPF (v2 device programs) in the initial user namespace, and
-the engine has no cgroup of its own to delegate on a v1 host; nor can the hook check its
-config is root's (host root shows as the overflow uid there). So a GPU container is
-refused there with one line that points to CDI, which podman applies itself, rootless
-too; a container that wants no GPU (a CDI spec from `nvhook cdi generate` sets
-NVIDIA_VISIBLE_DEVICES=void) still exits 0. Whether it wants one is decided by the
-defaults, the config being unreadable as trusted there.
+Rootless engines (podman or Docker run by a user) run the runtime, and so this hook, in a
+user namespace. The device cgroup cannot be set there: it needs CAP_SYS_ADMIN (v1
+devices.allow) or CAP_BPF (v2 device programs) in the initial user namespace, and the
+engine has no cgroup of its own to delegate on a v1 host. So a GPU container is refused
+there with one line that points to CDI (which podman applies itself, rootless too) and to
+NVIDIA's rootless set-up, `no-cgroups = true`: with it the hook does the rest (mounts,
+nodes bound from the host, procfs mask, ld cache) as NVIDIA's legacy hook does, with no
+device cgroup. A container that wants no GPU (a CDI spec from `nvhook cdi generate` sets
+NVIDIA_VISIBLE_DEVICES=void) exits 0. The config is read there too: host root shows as
+the overflow uid, which counts as root for the file and its directories (the hook holds
+no more than the rootless user's own rights there: a config can make it do nothing that
+user could not).
 """
 from __future__ import annotations
 
@@ -118,11 +121,13 @@ def in_user_namespace() -> bool:
         return False
 
 
-def unprivileged(userns: bool) -> str | None:
-    """Why this process cannot give a container GPUs (None: it may be able to)."""
-    if userns:
+def unprivileged(userns: bool, no_cgroups: bool = False) -> str | None:
+    """Why this process cannot give a container GPUs (None: it may be able to). In a
+    user namespace only with no-cgroups (NVIDIA's rootless set-up): no device cgroup."""
+    if userns and not no_cgroups:
         return ("the hook runs in a user namespace (a rootless engine, or a container's own user "
-                "namespace at createContainer), where no device cgroup can be set")
+                "namespace at createContainer), where no device cgroup can be set (NVIDIA's "
+                "rootless set-up: no-cgroups = true in [nvidia-container-cli])")
     if os.geteuid() != 0:
         return f"the hook runs as uid {os.geteuid()}, not root"
     return None
@@ -188,8 +193,8 @@ def _handle(stage, data, args, cwd, discover, plan) -> int:
     log = Log(args.debug or "", level="debug")
     userns = in_user_namespace()
     try:
-        # In a user namespace the config's owner cannot be checked: not read (module doc).
-        cfg = config_mod.Config() if userns else config_mod.load(args.config, {}, trusted=True)
+        # In a user namespace host root shows as the overflow uid (module doc).
+        cfg = config_mod.load(args.config, {}, trusted=True, userns=userns)
         log = Log(args.debug or cfg.log_file(), level="debug" if args.debug else cfg.log_level())
         from libinject.runtime.serve import fallback
 
@@ -205,7 +210,7 @@ def _handle(stage, data, args, cwd, discover, plan) -> int:
         if request is None:
             log.info(f"{stage}: not a GPU container, nothing to do")
             return 0
-        why = unprivileged(userns)
+        why = unprivileged(userns, request.no_cgroups)
         if why:
             raise NvhookError(f"{stage}: cannot give this container GPUs: {why}; {CDI_ADVICE}")
         # The image's data comes next: what it can cost this process (the exec'd hook, or
@@ -214,7 +219,8 @@ def _handle(stage, data, args, cwd, discover, plan) -> int:
         from libinject.runtime.ceiling import contain
 
         contain()
-        return _configure(stage, state, spec, bundle, request, cfg, args, log, discover, plan)
+        return _configure(stage, state, spec, bundle, request, cfg, args, log, discover, plan,
+                          userns=userns)
     except NvhookError as e:
         log.error(f"{stage}: {e}")
         raise
@@ -225,21 +231,38 @@ def _handle(stage, data, args, cwd, discover, plan) -> int:
         raise NvhookError(f"{stage} hook failed: {type(e).__name__}: {e}") from None
 
 
-def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=None, plan=None) -> int:
+def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=None, plan=None,
+               userns: bool = False) -> int:
     from libinject.pipeline import configure
     from libinject.request import oci_state
 
-    pid = oci_state.container_pid(state, stage)
+    options = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
+    if userns:
+        # Rootless, no-cgroups (_handle refused anything else): where the CDI hook finds
+        # the container's namespaces there, checked, with a /run of our own for the
+        # journal (libinject.runtime.cdi_hooks' docstring); the apply in a worker, born
+        # in the container's pid namespace at prestart. The driver is found first: the
+        # NVML child must be born in our pid namespace (it checks its parent).
+        from libinject.runtime import cdi_hooks
+
+        driver = options.discover(discover, log=log.info)
+        discover = lambda *a, **kw: driver  # noqa: E731
+        if stage == "createContainer":
+            pid = cdi_hooks._rootless_target()
+        else:
+            pid, _ = cdi_hooks._container_target(state, "self", where=stage)
+    else:
+        pid = oci_state.container_pid(state, stage)
     rootfs = oci_state.rootfs_path(spec, bundle)
     if not os.path.isdir(rootfs):
         from libinject.errors import NvhookError
 
         raise NvhookError(f"rootfs {rootfs} is not a directory")
-    options = cfg.discover_options(root=args.root, ldcache=args.ldcache, user=args.user)
     log.info(f"{stage}: configuring pid={pid} rootfs={rootfs} devices={request.devices} "
              f"capabilities={','.join(sorted(request.capabilities))}")
     configure(request, rootfs, pid=pid, options=options, log=log.info, discover_fn=discover,
-              plan_fn=plan, in_process=True, owner=state.id,
-              load_kmods=bool(args.load_kmods or cfg.cli.load_kmods))
+              plan_fn=plan, in_process=not userns, owner=state.id,
+              # a user namespace can neither modprobe nor mknod: the host's nodes are taken as they are
+              load_kmods=not userns and bool(args.load_kmods or cfg.cli.load_kmods))
     log.info(f"{stage}: done")
     return 0

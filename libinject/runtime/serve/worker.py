@@ -232,8 +232,9 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         driver root it names (DriverCache.prefetch), for hook.handle() to use. Nothing
         is written, logged or changed; anything wrong is left for handle() to find and
         report (it does all of this again where this did not). Where handle() would
-        take other inputs (it reads no config in a user namespace), the fingerprint
-        taken here is not the one it asks for, and goes unused."""
+        take other inputs (in a user namespace it reads the config with that
+        namespace's owners), the fingerprint taken here is not the one it asks for,
+        and goes unused."""
         try:
             from libinject import config as config_mod
 
