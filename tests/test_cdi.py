@@ -64,8 +64,8 @@ def test_generated_spec_validates_for_every_profile(sim_host, tmp_path, profile)
     driver = driver_of(host)
     names = [d["name"] for d in spec["devices"]]
     want = []
-    for g in driver.info.gpus:
-        want += [str(g.index), g.uuid, f"gpu{g.index}"]
+    for g in driver.info.gpus:     # a GPU in MIG mode is only its MIG devices (nvidia-ctk)
+        want += [] if g.mig_enabled else [str(g.index), g.uuid, f"gpu{g.index}"]
     for g in driver.info.gpus:
         for m in g.mig_devices:
             want += [f"{g.index}:{m.index}", m.uuid, f"mig{g.index}:{m.index}"]
@@ -126,9 +126,11 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
                           cuda_compat_mode="disabled"), driver)
     top = spec["containerEdits"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in top["env"]
-    # every library/binary/firmware/ipc mount of the driver-only plan, in plan order
+    # every library/binary/firmware/ipc mount of the driver-only plan, in plan order, then
+    # libnvidia-sandboxutils (nvidia-ctk's spec has it; the hook does not give it)
     assert [m["containerPath"] for m in top["mounts"]] == [
-        m.container_path for m in base.mounts if not m.container_path.startswith("/proc/")]
+        m.container_path for m in base.mounts if not m.container_path.startswith("/proc/")] + [
+        f"/usr/lib/x86_64-linux-gnu/libnvidia-sandboxutils.so.{driver.info.driver_version}"]
     assert {(n["path"], n["major"], n["minor"]) for n in top["deviceNodes"]} == {
         (d.path, d.major, d.minor) for d in base.device_nodes}
     # one hook entry does every step (issue 24: one exec'd or served call, not three)
@@ -139,7 +141,9 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     assert args[1:3] == ["cdi-hook", "createRuntime"]
     flags = list(zip(args[3::2], args[4::2]))
     assert flags[0] == ("--procfs-dir", driver.procfs_dir)
-    assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks]
+    sandboxutils = f"libnvidia-sandboxutils.so.{driver.info.driver_version}"
+    assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks] + [
+        f"{sandboxutils}::/usr/lib/x86_64-linux-gnu/libnvidia-sandboxutils.so.1"]
     # no 32-bit libraries by default, as nvidia-ctk's spec
     assert [v for f, v in flags if f == "--folder"] == ["/usr/lib/x86_64-linux-gnu"]
     assert not [m for m in top["mounts"] if "i386" in m["containerPath"]]
@@ -149,8 +153,10 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder",
                                      "--cuda-compat-driver-major"}
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-    # a full GPU: its node only; a MIG device: parent node + gi/ci access caps
-    assert [n["path"] for n in by_name["1"]["deviceNodes"]] == ["/dev/nvidia1"]
+    # a full GPU: its node only; a MIG device: parent node + gi/ci access caps; a GPU in
+    # MIG mode is no device (nvidia-ctk)
+    assert [n["path"] for n in by_name["4"]["deviceNodes"]] == ["/dev/nvidia4"]
+    assert "1" not in by_name and driver.info.gpus[1].uuid not in by_name
     g0 = driver.info.gpus[0]
     m = g0.mig_devices[1]
     mig = by_name["0:1"]

@@ -261,10 +261,14 @@ def check_strategies(strategies: Sequence[str]) -> None:
 
 def device_ids(info, strategies: Sequence[str]) -> list[DeviceId]:
     """Every GPU and MIG device, named by each strategy: index "0" / "0:1",
-    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1"."""
+    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1". A GPU in MIG mode is no
+    device of its own (nvidia-ctk, pkg/nvcdi/lib-nvml.go: only its MIG devices are), with
+    or without MIG devices."""
     check_strategies(strategies)
     out: list[DeviceId] = []
     for g in info.gpus:
+        if g.mig_enabled:
+            continue
         names = {"index": str(g.index), "uuid": g.uuid, "type-index": f"gpu{g.index}"}
         out.append(DeviceId(str(g.index), tuple(dict.fromkeys(names[s] for s in strategies))))
     for g in info.gpus:
@@ -364,7 +368,7 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     if mode == "mig-caps":
         return _mig_caps_spec(driver, plan, vendor, cls, hook, all_device)
 
-    base = plan(devices="none")
+    base = _with_sandboxutils(plan(devices="none"), driver, lib_dir)
     major = driver.info.driver_version.split(".", 1)[0]
     if major.isdigit() and not hook.cuda_compat_major:
         hook = replace(hook, cuda_compat_major=int(major))
@@ -375,8 +379,10 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     ids, every, want_none = select_ids(driver.info, strategies, devices)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    # "all": the plan for every device when every device is asked for, else for those asked.
-    merged = DeviceId("all" if every else ",".join(d.select for d in ids), ("all",))
+    # "all": the plan for every device when every device is asked for, else for those asked
+    # (on a MIG host that is not the planner's "all", which takes GPUs in MIG mode whole).
+    whole = every and not any(g.mig_enabled for g in driver.info.gpus)
+    merged = DeviceId("all" if whole else ",".join(d.select for d in ids), ("all",))
     # nvidia-ctk: asking for "none" leaves the "all" device out (generate.go validateFlags);
     # here only when "none" is all that is asked for.
     with_all = all_device and not (want_none and not ids)
@@ -394,6 +400,35 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     if not out:
         raise NoDevices("no GPUs found: a CDI spec needs at least one device")
     return _spec(vendor, cls, out, to_cdi(base, hook, env=SPEC_ENV, procfs=True))
+
+
+SANDBOXUTILS = "libnvidia-sandboxutils.so"
+
+
+def _with_sandboxutils(base: ContainerEdits, driver, lib_dir: str | None) -> ContainerEdits:
+    """base plus libnvidia-sandboxutils.so.<version> and its SONAME link, where the driver
+    ships it beside libnvidia-ml: nvidia-ctk's spec has it (pkg/nvcdi, the driver's
+    libraries by the lib*nvidia*.so.<version> glob). Neither the hook nor `list` gives it,
+    as nvidia-container-cli (its fixed lists do not name it; discovery skips it)."""
+    import stat
+
+    from libinject.plan import planner as _plan
+
+    ml = next((lib for lib in driver.libraries if lib.name.startswith("libnvidia-ml.so.") and not lib.compat32),
+              None)
+    if ml is None:
+        return base
+    name = f"{SANDBOXUTILS}.{driver.info.driver_version}"
+    host = os.path.join(posixpath.dirname(ml.path), name)
+    try:   # libnvidia-ml's dir is resolved already: the file itself, not a link
+        if not stat.S_ISREG(os.lstat(host).st_mode):
+            return base
+    except OSError:
+        return base
+    dest = posixpath.join(lib_dir or _plan.DEBIAN_LIB_DIRS[0], name)
+    mount = MountEdit(host, dest, "library", _plan.LIB_OPTS)
+    link = SymlinkEdit(target=name, link=posixpath.join(posixpath.dirname(dest), f"{SANDBOXUTILS}.1"))
+    return replace(base, mounts=(*base.mounts, mount), symlinks=(*base.symlinks, link))
 
 
 def none_edits(base: ContainerEdits, hook: HookOptions) -> dict[str, Any]:
