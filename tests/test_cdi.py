@@ -165,8 +165,11 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
         "/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{m.gi_access_minor}",
         f"/dev/nvidia-caps/nvidia-cap{m.ci_access_minor}"]
     assert set(mig) == {"deviceNodes"}     # no /proc mounts: the mask-procfs hook does those
+    # "all": every device's nodes, so a GPU in MIG mode with no MIG device (GPU 3) is not
+    # in it, as in nvidia-ctk's
     allnodes = {n["path"] for n in by_name["all"]["deviceNodes"]}
-    assert {f"/dev/nvidia{g.minor}" for g in driver.info.gpus} <= allnodes
+    assert {f"/dev/nvidia{g.minor}" for g in driver.info.gpus if g.minor != 3} <= allnodes
+    assert "/dev/nvidia3" not in allnodes and not driver.info.gpus[3].mig_devices
 
 
 def test_strategies_and_kind(sim_host):
