@@ -154,9 +154,8 @@ def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False)
         if name.startswith("libcuda.so"):
             add("libcuda.so.1", posixpath.join(d, "libcuda.so"))
         elif name.startswith("libGLX_nvidia.so"):
+            # (no libGL.so.1, 32-bit either: the image's GLVND provides it, as upstream)
             add("libGLX_nvidia.so.0", posixpath.join(d, "libGLX_indirect.so.0"))
-            if lib.compat32:
-                add("libGLX_nvidia.so.0", posixpath.join(d, "libGL.so.1"))
         elif name.startswith("libnvidia-opticalflow.so"):
             add("libnvidia-opticalflow.so.1", posixpath.join(d, "libnvidia-opticalflow.so"))
         # The development links NVIDIA's CDI specs add (nvcdi: libnvidia-ml, -encode,
@@ -173,8 +172,10 @@ def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False)
 
 def _graphics(driver: Driver, flags: Flags) -> tuple[list[MountEdit], list[SymlinkEdit]]:
     """The graphics files the flags ask for, and the X server's link to its GLX module."""
+    # The OpenCL ICD with compute asked for, not with the compute libraries video brings
+    # (NVIDIA's toolkit: with the compute capability).
     caps = {c for c, on in (("graphics", flags.graphics_libs), ("display", flags.display),
-                            ("compute", flags.compute_libs)) if on}
+                            ("compute", flags.compute_bins)) if on}
     mounts, links = [], []
     for f in driver.graphics_files:
         if f.capability not in caps:
