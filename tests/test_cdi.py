@@ -126,11 +126,10 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
                           cuda_compat_mode="disabled"), driver)
     top = spec["containerEdits"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in top["env"]
-    # every library/binary/firmware/ipc mount of the driver-only plan, in plan order, then
-    # libnvidia-sandboxutils (nvidia-ctk's spec has it; the hook does not give it)
+    # every library/binary/firmware/ipc mount of the driver-only plan, in plan order
+    # (not libnvidia-sandboxutils, which nvidia-ctk's spec has: README)
     assert [m["containerPath"] for m in top["mounts"]] == [
-        m.container_path for m in base.mounts if not m.container_path.startswith("/proc/")] + [
-        f"/usr/lib/x86_64-linux-gnu/libnvidia-sandboxutils.so.{driver.info.driver_version}"]
+        m.container_path for m in base.mounts if not m.container_path.startswith("/proc/")]
     assert {(n["path"], n["major"], n["minor"]) for n in top["deviceNodes"]} == {
         (d.path, d.major, d.minor) for d in base.device_nodes}
     # one hook entry does every step (issue 24: one exec'd or served call, not three)
@@ -141,9 +140,7 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     assert args[1:3] == ["cdi-hook", "createRuntime"]
     flags = list(zip(args[3::2], args[4::2]))
     assert flags[0] == ("--procfs-dir", driver.procfs_dir)
-    sandboxutils = f"libnvidia-sandboxutils.so.{driver.info.driver_version}"
-    assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks] + [
-        f"{sandboxutils}::/usr/lib/x86_64-linux-gnu/libnvidia-sandboxutils.so.1"]
+    assert [v for f, v in flags if f == "--link"] == [f"{s.target}::{s.link}" for s in base.symlinks]
     # no 32-bit libraries by default, as nvidia-ctk's spec
     assert [v for f, v in flags if f == "--folder"] == ["/usr/lib/x86_64-linux-gnu"]
     assert not [m for m in top["mounts"] if "i386" in m["containerPath"]]
@@ -574,4 +571,10 @@ def test_mask_procfs_edits_follow_container_devices(sim_host):
     p = P.plan(Request(devices="0:0,2", capabilities=frozenset({"utility"})), driver)
     assert sorted(e.procfs.gpu_dirs) == sorted(p.procfs.gpu_dirs)
     assert e.procfs.files == p.procfs.files
-    assert any(k.startswith("capabilities/gpu") for k in e.procfs.files)
+    # the MIG device's access files bound from the host, as NVIDIA's mount_procfs_mig
+    assert e.procfs.bound_files == p.procfs.bound_files
+    m0 = driver.info.gpus[0].mig_devices[0]
+    gi = f"capabilities/gpu0/mig/gi{m0.gi}"
+    assert sorted(rel for _, rel in e.procfs.bound_files) == sorted([f"{gi}/access", f"{gi}/ci{m0.ci}/access"])
+    assert all(h == f"{driver.procfs_dir}/{rel}" for h, rel in e.procfs.bound_files)
+    assert not any(k.startswith("capabilities/") for k in e.procfs.files)

@@ -368,7 +368,7 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     if mode == "mig-caps":
         return _mig_caps_spec(driver, plan, vendor, cls, hook, all_device)
 
-    base = _with_sandboxutils(plan(devices="none"), driver, lib_dir)
+    base = plan(devices="none")
     major = driver.info.driver_version.split(".", 1)[0]
     if major.isdigit() and not hook.cuda_compat_major:
         hook = replace(hook, cuda_compat_major=int(major))
@@ -400,35 +400,6 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     if not out:
         raise NoDevices("no GPUs found: a CDI spec needs at least one device")
     return _spec(vendor, cls, out, to_cdi(base, hook, env=SPEC_ENV, procfs=True))
-
-
-SANDBOXUTILS = "libnvidia-sandboxutils.so"
-
-
-def _with_sandboxutils(base: ContainerEdits, driver, lib_dir: str | None) -> ContainerEdits:
-    """base plus libnvidia-sandboxutils.so.<version> and its SONAME link, where the driver
-    ships it beside libnvidia-ml: nvidia-ctk's spec has it (pkg/nvcdi, the driver's
-    libraries by the lib*nvidia*.so.<version> glob). Neither the hook nor `list` gives it,
-    as nvidia-container-cli (its fixed lists do not name it; discovery skips it)."""
-    import stat
-
-    from libinject.plan import planner as _plan
-
-    ml = next((lib for lib in driver.libraries if lib.name.startswith("libnvidia-ml.so.") and not lib.compat32),
-              None)
-    if ml is None:
-        return base
-    name = f"{SANDBOXUTILS}.{driver.info.driver_version}"
-    host = os.path.join(posixpath.dirname(ml.path), name)
-    try:   # libnvidia-ml's dir is resolved already: the file itself, not a link
-        if not stat.S_ISREG(os.lstat(host).st_mode):
-            return base
-    except OSError:
-        return base
-    dest = posixpath.join(lib_dir or _plan.DEBIAN_LIB_DIRS[0], name)
-    mount = MountEdit(host, dest, "library", _plan.LIB_OPTS)
-    link = SymlinkEdit(target=name, link=posixpath.join(posixpath.dirname(dest), f"{SANDBOXUTILS}.1"))
-    return replace(base, mounts=(*base.mounts, mount), symlinks=(*base.symlinks, link))
 
 
 def none_edits(base: ContainerEdits, hook: HookOptions) -> dict[str, Any]:

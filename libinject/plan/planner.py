@@ -4,7 +4,7 @@ What goes in follows libnvidia-container's nvc_driver_mount / nvc_device_mount, 
 the order the live applier applies it:
 procfs, binaries, libraries, symlinks, CUDA compat, firmware, IPC, graphics files,
 control devices, GPU devices, their DRM nodes, MIG capabilities (nodes, and their
-/proc/driver/nvidia/capabilities files copied into the procfs edit), IMEX channels,
+/proc/driver/nvidia/capabilities files bound in the procfs edit), IMEX channels,
 ldconfig folders, cgroup rules.
 
 Graphics and display, beyond upstream's libraries (as NVIDIA's toolkit and Apptainer
@@ -348,8 +348,8 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
             extra_rules += [CgroupRule(node.major, minor) for _, minor in _select.mig_minors_of(driver, g)]
     devices += [_dev(n, "imex") for n in sel.imex]
     devices = list(dict.fromkeys(devices))
-    if proc_caps:
-        proc = replace(proc, files={**proc.files, **_procfs.cap_files(driver, proc_caps)})
+    if proc_caps and not live_caps:     # (the live capabilities dir shows them all)
+        proc = replace(proc, bound_files=_procfs.cap_files(driver, proc_caps))
 
     folders = [lib_dir] + ([lib32_dir] if flags.compat32 else [])
     rules: list[CgroupRule] = []
@@ -380,7 +380,7 @@ def describe(edits: ContainerEdits) -> str:
     lines: list[str] = []
     if edits.procfs is not None:
         lines.append(f"procfs   tmpfs {edits.procfs.path} ({', '.join(edits.procfs.files) or 'no files'})")
-        for host, rel in edits.procfs.binds():
+        for host, rel, _ in edits.procfs.all_binds():
             lines.append(f"procfs   {edits.procfs.path}/{rel} <- {host}")
     for m in edits.mounts:
         lines.append(f"{m.kind:<8} {m.container_path} <- {m.host_path} [{','.join(m.options)}]")

@@ -417,8 +417,8 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     minors = {d.get("minor") for d in devs
               if d.get("major") == NVIDIA_MAJOR and isinstance(d.get("path"), str)
               and d["path"].removeprefix("/dev/nvidia").isdigit()}
-    # MIG capability nodes -> their files under capabilities/, copied into the tmpfs as
-    # the planner does (upstream's mount_procfs_mig; the text is static)
+    # MIG capability nodes -> their files under capabilities/, bound into the tmpfs as
+    # the planner does (upstream's mount_procfs_mig)
     caps = {d.get("minor") for d in devs if isinstance(d.get("path"), str)
             and d["path"].startswith(_plan.CAPS_DIR + "/nvidia-cap")}
     keys: list[str] = []
@@ -430,9 +430,10 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     gpu_dirs = [(os.path.join(procfs_dir, "gpus", name), name)
                 for name, minor in host.gpus.items() if minor is not None and minor in minors]
     files = procfs.masked_files(host.files)
-    files.update((rel, host.files[rel]) for rel in map(host_procfs.cap_rel, keys) if rel in host.files)
+    bound = tuple((os.path.join(procfs_dir, rel), rel) for rel in map(host_procfs.cap_rel, keys)
+                  if rel in host.files)
     return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
-                                            gpu_dirs=tuple(gpu_dirs)))
+                                            gpu_dirs=tuple(gpu_dirs), bound_files=bound))
 
 
 def _allowed(rules: list, typ: str, major, minor) -> bool:

@@ -60,12 +60,16 @@ def nvidia_cdi_as_nvhook(view: dict, root: str, *, imex: bool = False) -> dict:
     - Vulkan ICD and layer files mounted at their host path, not under /etc/vulkan;
     - libGLX_indirect.so.0 links to libGLX_nvidia.so.0 (the SONAME), not the versioned file;
     - nv-fabricmanager is in the spec where the host has it;
+    - libnvidia-sandboxutils (host-side: how nvidia-ctk finds a GPU's files) is not, as
+      the hook does not give it (a CDI container is the hook's container);
     - --mode imex: class imex-channel (nvidia-ctk keeps gpu, whose device "0" then names
       both GPU 0 and channel 0)."""
     v = json.loads(json.dumps(view))
     v["env"] = [e for e in v["env"] if not e.startswith("NVIDIA_CTK_LIBCUDA_DIR=")]
     mounts = []
     for host, cpath in v["mounts"]:
+        if "/libnvidia-sandboxutils.so." in cpath:
+            continue
         if cpath.startswith("/etc/vulkan/"):
             rel = host[len(root.rstrip("/")):]
             cpath = rel if rel.startswith("/") else cpath
@@ -75,7 +79,8 @@ def nvidia_cdi_as_nvhook(view: dict, root: str, *, imex: bool = False) -> dict:
         mounts.append([str(fm), "/usr/bin/nv-fabricmanager"])
     v["mounts"] = sorted(mounts)
     v["links"] = sorted(f"libGLX_nvidia.so.0::{link}" if link.endswith("/libGLX_indirect.so.0") else f"{t}::{link}"
-                        for t, link in (x.split("::", 1) for x in v["links"]))
+                        for t, link in (x.split("::", 1) for x in v["links"])
+                        if not link.endswith("/libnvidia-sandboxutils.so.1"))
     # nvidia-ctk names the DRM by-path links with --dev-root in front (a container path
     # under the simulated root); on a host the dev root is "/" and the name is the same.
     r = root.rstrip("/")
@@ -101,16 +106,15 @@ def nvhook_cdi_without_rows(view: dict) -> dict:
     return v
 
 
-# `list`: nvhook prints what its hook injects (README row): besides nvidia-container-cli's
-# list, the graphics surface NVIDIA's runtime adds for graphics/display (nvidia-ctk's
-# spec has it too): loader files, DRM nodes, X modules, the EGL platform and Vulkan
-# producer libraries; the OpenCL ICD with compute.
-LIST_EXTRA_PREFIXES = ("/dev/dri/", "/usr/share/", "/etc/OpenCL/", "/etc/vulkan/", "/usr/lib/xorg/",
-                       f"{LIB}/libnvidia-egl-", f"{LIB}/libnvidia-vulkan-producer.so.")
+# `list` (README row): the driver libraries outside nvidia-container-cli's fixed lists
+# that the hook injects too (nvidia-ctk's spec has them): the EGL platform and Vulkan
+# producer libraries of graphics hosts. (Graphics files and DRM nodes: only with
+# --graphics, which the cli does not have.)
+LIST_EXTRA_PREFIXES = (f"{LIB}/libnvidia-egl-", f"{LIB}/libnvidia-vulkan-producer.so.")
 
 
 def list_view(text: str, root: str) -> list[str]:
-    """`list` output as container paths, in order, the graphics surface rows left out."""
+    """`list` output as container paths, in order, README's extra libraries left out."""
     r = root.rstrip("/")
     out = []
     for line in text.splitlines():
