@@ -285,10 +285,12 @@ def test_mig_selection(mig_driver):
     assert e.procfs.gpu_dirs == ((f"{mig_driver.procfs_dir}/gpus/{g1.procfs_name}", g1.procfs_name),)
     caps = [d for d in e.device_nodes if d.kind == "mig"]
     assert all(d.major == CAPS_MAJOR for d in caps) and len(caps) == 2
-    # NVML in the container finds the MIG device through these procfs files.
+    # NVML in the container finds the MIG device through these procfs files, bound from
+    # the host as NVIDIA's mount_procfs_mig binds them.
     base = f"capabilities/gpu1/mig/gi{m.gi}"
-    assert set(e.procfs.files) == {"params", "version", f"{base}/access", f"{base}/ci{m.ci}/access"}
-    assert e.procfs.files[f"{base}/access"].startswith(f"DeviceFileMinor: {m.gi_access_minor}\n")
+    assert set(e.procfs.files) == {"params", "version"}
+    assert e.procfs.bound_files == tuple((f"{mig_driver.procfs_dir}/{rel}", rel)
+                                         for rel in (f"{base}/access", f"{base}/ci{m.ci}/access"))
 
 
 def test_mig_config_monitor(mig_driver):
@@ -438,7 +440,7 @@ def test_procfs_comes_from_discovery(tmp_path):
     want = plan(req(devices="all"), d)
     assert want.procfs.files["version"] == d.procfs["version"]
     assert {f"capabilities/gpu{g.minor}/mig/gi{m.gi}/ci{m.ci}/access"
-            for g in d.info.gpus for m in g.mig_devices} <= set(want.procfs.files)
+            for g in d.info.gpus for m in g.mig_devices} <= {rel for _, rel in want.procfs.bound_files}
     shutil.rmtree(d.procfs_dir)
     assert plan(req(devices="all"), d) == want
     g = d.info.gpus[1]
