@@ -592,11 +592,12 @@ def test_sim_mig_makes_and_destroys_a_mig_device(fresh_sim_host):
         f"DeviceFileMinor: {ci_minor(3, 1, 0)}\n")
     assert (root / f"dev/nvidia-caps/nvidia-cap{gi_minor(3, 1)}").is_char_device()
     before = sorted(p.name for p in (root / "dev/nvidia-caps").iterdir())
-    for args, why in ((["--gpu", "4", "--create", "1g.10gb"], "GPU 4 is not in MIG mode"),
-                      (["--gpu", "3", "--create", "huge"], "expected a MIG profile"),
-                      (["--gpu", "3", "--destroy", "9"], "GPU 3 has no MIG device gi 9 ci 0"),
-                      (["--gpu", "3", "--destroy", "x"], "expected GI or GI:CI")):
-        bad = run([NVHOOK, "sim", "mig", str(root), *args])
+    for where, args, why in ((root, ["--gpu", "4", "--create", "1g.10gb"], "GPU 4 is not in MIG mode"),
+                             (root, ["--gpu", "3", "--create", "huge"], "expected a MIG profile"),
+                             (root, ["--gpu", "3", "--destroy", "9"], "GPU 3 has no MIG device gi 9 ci 0"),
+                             (root, ["--gpu", "3", "--destroy", "x"], "expected GI or GI:CI"),
+                             (root / "proc", ["--gpu", "3", "--create", "1g.10gb"], "not a simulated host")):
+        bad = run([NVHOOK, "sim", "mig", str(where), *args])
         assert bad.returncode != 0 and bad.stdout == "" and bad.stderr.startswith("nvhook: sim mig"), bad.stderr
         assert why in bad.stderr and len(bad.stderr.splitlines()) == 1
     assert sorted(p.name for p in (root / "dev/nvidia-caps").iterdir()) == before

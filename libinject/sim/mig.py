@@ -60,7 +60,10 @@ def change(root: str | os.PathLike[str], gpu_minor: int, *, create: str | None =
     """Create a MIG device of profile `create` ("1g.10gb": GPU instance at the lowest free
     id, compute instance 0) or destroy the one at (gi, ci); the device."""
     root = Path(os.path.abspath(root))
-    lock = os.open(root / "etc/nvhook-sim", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        lock = os.open(root / "etc/nvhook-sim", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise NvhookError(f"sim mig: {root}: not a simulated host ({root}/etc/nvhook-sim: {e.strerror})") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = _load(root)
