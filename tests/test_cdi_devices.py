@@ -201,6 +201,9 @@ def test_device_id_restricts_the_devices(host, driver):
 def test_device_id_errors(host, tmp_path):
     out = str(tmp_path / "x.json")
     assert "unknown device: 9" in fails(host, "--device-id", "9", "-o", out)
+    # a GPU in MIG mode is not a device (nvidia-ctk): its MIG devices are
+    assert "device 1: GPU 1 is in MIG mode: its MIG devices (1:<n>, MIG-<uuid>) are the devices" in fails(
+        host, "--device-id", "1", "-o", out)
     assert "invalid device-id void" in fails(host, "--device-id", "void", "-o", out)
     assert "empty list" in fails(host, "--device-id", ",", "-o", out)
     assert "needs --mode gpu" in fails(host, "--mode", "imex", "--device-id", "0", "-o", out)

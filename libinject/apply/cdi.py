@@ -309,6 +309,9 @@ def select_ids(info, strategies: Sequence[str], ids: Sequence[str]) -> tuple[lis
     keys = set()
     for t in rest:
         for s in _select.select(info, t):
+            if s.mig is None and s.gpu.mig_enabled:
+                raise NvhookError(f"device {t}: GPU {s.gpu.index} is in MIG mode: its MIG devices "
+                                  f"({s.gpu.index}:<n>, MIG-<uuid>) are the devices")
             keys.add(s.gpu.index if s.mig is None else f"{s.gpu.index}:{s.mig.index}")
     chosen = [d for d in every if (int(d.select) if d.select.isdigit() else d.select) in keys]
     return chosen, len(chosen) == len(every), want_none
