@@ -83,7 +83,7 @@ CHANNELS = (0, 1, 2, 3)
 @pytest.fixture(scope="module")
 def extra_setup(tmp_path_factory):
     """(host, driver, spec dir, rootfs, state) for a copy of h100x8-mig with IMEX channel
-    nodes channel0..3 (the simulator makes none), and the three specs one
+    nodes channel0..3 (made here: h100x8-mig has none), and the three specs one
     `cdi generate --mode gpu,imex,mig-caps --device-id all,none` writes."""
     from libinject.discover.driver import discover
     from libinject.sim.build import create_host
