@@ -147,15 +147,19 @@ def test_podman_mig_config_device(extra_setup):
 
 def test_podman_gpu_with_mig_monitor_gets_its_procfs_file(extra_setup):
     """A GPU and the monitor capability from two specs: the GPU spec's mask-procfs hook
-    sees the capability node and copies its capabilities/mig/monitor file in."""
+    sees the capability node and binds the live capabilities dir, as the hook does for
+    NVIDIA_MIG_MONITOR_DEVICES (a MIG manager sees instances made after its start)."""
     host, driver, specs, rootfs, base = extra_setup
-    script = "ls /dev/nvidia-caps; find /proc/driver/nvidia/capabilities -type f | sort; ls /proc/driver/nvidia/gpus"
+    script = ("ls /dev/nvidia-caps; find /proc/driver/nvidia/capabilities -path '*/mig/monitor'; "
+              "ls /proc/driver/nvidia/gpus; ls /proc/driver/nvidia/capabilities | sort | tr '\\n' ' '")
     # (GPU 4: GPUs 0-3 are in MIG mode, no devices of their own)
     r = Podman(base / "s-migmon").run(rootfs, ["sh", "-c", script], cdi_specs=specs,
                                       devices=["nvidia.com/gpu=4", "nvidia.com/mig-caps=monitor"])
     assert r.returncode == 0, r.stdout + r.stderr
+    live = " ".join(sorted(os.listdir(host / "proc/driver/nvidia/capabilities"))) + " "
     assert r.stdout.splitlines() == ["nvidia-cap2", "/proc/driver/nvidia/capabilities/mig/monitor",
-                                     driver.info.gpus[4].procfs_name]
+                                     driver.info.gpus[4].procfs_name, live]
+    assert "gpu0" in live
 
 
 def test_podman_driver_only_device(extra_setup):

@@ -62,3 +62,32 @@ def test_a_cdi_spec_binds_a_mig_devices_access_files(tmp_path, mig0):
         r = c.run()
     assert r.returncode == 0, r.stdout + r.stderr
     check(r.stdout, host, m)
+
+
+def test_a_cdi_mig_manager_sees_instances_made_after_it_started(tmp_path, fresh_sim_host):
+    """nvidia.com/mig-caps=config beside a GPU from CDI: the live capabilities dir is bound
+    (as the hook does for NVIDIA_MIG_CONFIG_DEVICES), so a MIG device created after the
+    start shows in the container. Old code: a copy of mig/config only."""
+    from libinject.apply import cdi
+    from libinject.apply.spec import apply_cdi
+
+    host = fresh_sim_host("h100x8-mig")
+    d = tmp_path / "cdi"
+    d.mkdir()
+    r = run([NVHOOK, "cdi", "generate", "--driver-root", str(host), "--hook-path", hookenv.ensure_front(),
+             "--hook-socket", "none", "--mode", "gpu,mig-caps", "-o", str(d / "nvidia.json")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    edits, missing = cdi.scan([str(d)]).resolve(["nvidia.com/gpu=4", "nvidia.com/mig-caps=config"])
+    assert not missing
+    c = RuncContainer(tmp_path / "c", args=["sleep", "1000"], env=["PATH=/usr/bin:/bin"])
+    apply_cdi(c.config, edits)
+    ls = "ls /proc/driver/nvidia/capabilities/gpu3/mig 2>&1; cat /proc/driver/nvidia/capabilities/mig/config"
+    with c:
+        c.create()
+        c.start()
+        before = c.exec("sh", "-c", ls)
+        made = run([NVHOOK, "sim", "mig", str(host), "--gpu", "3", "--create", "1g.10gb"], timeout=60)
+        assert made.returncode == 0, made.stderr
+        after = c.exec("sh", "-c", ls)
+    assert "gi1" not in before.stdout.split() and "DeviceFileMinor: 1" in before.stdout, before.stdout
+    assert "gi1" in after.stdout.split(), after.stdout

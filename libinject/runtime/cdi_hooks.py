@@ -430,6 +430,12 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     gpu_dirs = [(os.path.join(procfs_dir, "gpus", name), name)
                 for name, minor in host.gpus.items() if minor is not None and minor in minors]
     files = procfs.masked_files(host.files)
+    if any(k in ("config", "monitor") for k in keys):
+        # a MIG manager (nvidia.com/mig-caps): the live capabilities dir, as the planner
+        # gives NVIDIA_MIG_CONFIG_DEVICES, so instances made after the start show
+        live = ((os.path.join(procfs_dir, "capabilities"), "capabilities"),)
+        return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
+                                                gpu_dirs=tuple(gpu_dirs), live_dirs=live))
     bound = tuple((os.path.join(procfs_dir, rel), rel) for rel in map(host_procfs.cap_rel, keys)
                   if rel in host.files)
     return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
