@@ -91,3 +91,18 @@ def test_a_cdi_mig_manager_sees_instances_made_after_it_started(tmp_path, fresh_
         after = c.exec("sh", "-c", ls)
     assert "gi1" not in before.stdout.split() and "DeviceFileMinor: 1" in before.stdout, before.stdout
     assert "gi1" in after.stdout.split(), after.stdout
+
+
+def test_configure_binds_a_mig_devices_access_files(tmp_path, mig0, rootfs):
+    """`nvhook configure` (in a private mount namespace here) binds them into the rootfs."""
+    import subprocess
+
+    host, m = mig0
+    gi = f"{rootfs}/proc/driver/nvidia/capabilities/gpu0/mig/gi{m.gi}"
+    script = (f'"$1" --root "$2" configure --device 0:0 --utility "$3" && '
+              f"awk '{{print $5}}' /proc/self/mountinfo | grep /capabilities/ | sort; cat {gi}/access")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", NVHOOK, str(host),
+                        str(rootfs)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == [f"{gi}/access", f"{gi}/ci{m.ci}/access"], r.stdout
+    assert r.stdout.endswith((host / f"proc/driver/nvidia/capabilities/gpu0/mig/gi{m.gi}/access").read_text())
