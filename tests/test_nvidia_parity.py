@@ -1,6 +1,6 @@
 """nvhook against NVIDIA's own answers on the simulated hosts (issue 31): the CDI spec of
 `nvidia-ctk cdi generate` (gpu mode; --mode imex on the IMEX host) and the paths of
-`nvidia-container-cli list`, recorded by scripts/nvidia-parity from NVIDIA's binaries
+`nvidia-container-cli list` and `info [--csv]`, recorded by scripts/nvidia-parity from NVIDIA's binaries
 (tests/data/nvidia/). Every difference left is a README row, applied to NVIDIA's side
 in tests/support/nvidia_parity.py; what remains must be equal."""
 from __future__ import annotations
@@ -72,3 +72,13 @@ def test_list_is_nvidia_container_clis(host, profile):
     assert r.returncode == 0, r.stderr
     theirs = nvidia_list_as_nvhook(list_view(expected(profile, "list.txt", str(root)), str(root)), str(root))
     assert list_view(r.stdout, str(root)) == theirs
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_info_is_nvidia_container_clis(host, profile):
+    """`info` and `info --csv`, byte for byte (no row of differences applies)."""
+    root = host(profile)
+    for args, name in (([], "info.txt"), (["--csv"], "info.csv")):
+        r = run([NVHOOK, "--root", str(root), "info", *args], timeout=60)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout == expected(profile, name, str(root)), name
