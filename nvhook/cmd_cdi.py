@@ -20,7 +20,8 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    from libinject.apply.cdi_refresh import DEFAULT_DEBOUNCE, DEFAULT_INTERVAL, DEFAULT_OUTPUT
+    from libinject.apply.cdi_refresh import (DEFAULT_DEBOUNCE, DEFAULT_INTERVAL, DEFAULT_MIG_INTERVAL,
+                                             DEFAULT_OUTPUT)
 
     p.description = "Generate, refresh, list and validate CDI specs."
     sub = p.add_subparsers(dest="cdi_command", metavar="SUBCOMMAND", required=True)
@@ -65,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     r.add_argument("--debounce", type=float, default=DEFAULT_DEBOUNCE, metavar="SECONDS",
                    help=f"--watch: after a burst of uevents, wait this long for quiet "
                         f"(default {DEFAULT_DEBOUNCE:g})")
+    r.add_argument("--mig-interval", type=float, default=DEFAULT_MIG_INTERVAL, metavar="SECONDS",
+                   help=f"--watch: on a MIG-capable host, check this often (MIG instances made or "
+                        f"destroyed send no uevent; default {DEFAULT_MIG_INTERVAL:g})")
     r.add_argument("--no-uevents", action="store_true",
                    help="--watch: do not listen to uevents (periodic checks only)")
     l_ = sub.add_parser("list", help="list the CDI devices in the spec dirs")
@@ -218,7 +222,7 @@ def _refresh(args: argparse.Namespace) -> int:
     if not args.output:
         raise NvhookError("--output must name a file")
     if args.watch:
-        cdi_refresh.check_timing(args.interval, args.debounce)
+        cdi_refresh.check_timing(args.interval, args.debounce, args.mig_interval)
     options, renders = _spec_maker(args)
     if len(renders) > 1:
         raise NvhookError("refresh keeps one spec current: give one --mode")
@@ -253,7 +257,7 @@ def _refresh(args: argparse.Namespace) -> int:
         say(f"{'updated' if refresher.refresh() else 'unchanged'} {output}")
         return 0
     return cdi_refresh.watch(refresher, interval=args.interval, debounce=args.debounce,
-                             uevents=not args.no_uevents, say=say)
+                             uevents=not args.no_uevents, say=say, mig_interval=args.mig_interval)
 
 
 def _config_stamp(path: str) -> tuple | None:

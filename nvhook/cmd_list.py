@@ -55,7 +55,9 @@ def items(driver, args: argparse.Namespace) -> list[dict]:
         # option, a modifier such as --compat32 included, lists only what it selects:
         # nothing for modifiers alone (nvidia-container-cli cli/list.c: everything only
         # when argc is 1, or 2 with --imex-channel).
-        devices, libs, bins, ipcs, fw, compat32, graphics = "all", True, True, True, True, True, True
+        # The graphics files and DRM nodes, which nvidia-container-cli never lists, only
+        # with --graphics.
+        devices, libs, bins, ipcs, fw, compat32 = "all", True, True, True, True, True
     if args.no_gsp_firmware:
         fw = False
 

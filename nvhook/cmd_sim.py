@@ -4,6 +4,7 @@
     nvhook sim create [--profile NAME | --profile-file FILE] DIR
     nvhook sim rootfs [--layout debian|rpm] [--vulkan] DIR
     nvhook sim enter ROOT -- CMD [ARGS...]   (CMD sees ROOT's GPUs at the host's paths)
+    nvhook sim mig ROOT --gpu MINOR (--create PROFILE | --destroy GI[:CI])
 """
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
                                          "/proc, /sys and /dev entries sit over the host's (for NVIDIA's tools)")
     enter.add_argument("root", metavar="ROOT", help="a simulated host (sim create)")
     enter.add_argument("cmd", metavar="CMD", nargs=argparse.REMAINDER, help="the command (after --)")
+    mig = sub.add_parser("mig", help="create or destroy a MIG device of a simulated host's GPU in MIG mode "
+                                     "(as nvidia-smi mig -cgi/-cci, -dci/-dgi)")
+    mig.add_argument("root", metavar="ROOT", help="a simulated host (sim create)")
+    mig.add_argument("--gpu", type=int, required=True, metavar="MINOR", help="the GPU (/dev/nvidia<MINOR>)")
+    act = mig.add_mutually_exclusive_group(required=True)
+    act.add_argument("--create", metavar="PROFILE", help="a MIG device of this profile (1g.10gb, 3g.40gb, ...)")
+    act.add_argument("--destroy", metavar="GI[:CI]", help="the MIG device of GPU instance GI, compute instance CI (0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,4 +63,17 @@ def run(args: argparse.Namespace) -> int:
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return enter(args.root, cmd)
+    if args.sim_command == "mig":
+        from libinject.errors import NvhookError
+        from libinject.sim.mig import change
+
+        destroy = None
+        if args.destroy is not None:
+            gi, _, ci = args.destroy.partition(":")
+            if not (gi.isdigit() and (ci or "0").isdigit()):
+                raise NvhookError(f"sim mig: --destroy {args.destroy!r}: expected GI or GI:CI")
+            destroy = (int(gi), int(ci or "0"))
+        dev = change(args.root, args.gpu, create=args.create, destroy=destroy)
+        print(f"{'created' if args.create else 'destroyed'} gi {dev.gi} ci {dev.ci} {dev.name} {dev.uuid}")
+        return 0
     return 2

@@ -64,8 +64,8 @@ def test_generated_spec_validates_for_every_profile(sim_host, tmp_path, profile)
     driver = driver_of(host)
     names = [d["name"] for d in spec["devices"]]
     want = []
-    for g in driver.info.gpus:
-        want += [str(g.index), g.uuid, f"gpu{g.index}"]
+    for g in driver.info.gpus:     # a GPU in MIG mode is only its MIG devices (nvidia-ctk)
+        want += [] if g.mig_enabled else [str(g.index), g.uuid, f"gpu{g.index}"]
     for g in driver.info.gpus:
         for m in g.mig_devices:
             want += [f"{g.index}:{m.index}", m.uuid, f"mig{g.index}:{m.index}"]
@@ -127,6 +127,7 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     top = spec["containerEdits"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in top["env"]
     # every library/binary/firmware/ipc mount of the driver-only plan, in plan order
+    # (not libnvidia-sandboxutils, which nvidia-ctk's spec has: README)
     assert [m["containerPath"] for m in top["mounts"]] == [
         m.container_path for m in base.mounts if not m.container_path.startswith("/proc/")]
     assert {(n["path"], n["major"], n["minor"]) for n in top["deviceNodes"]} == {
@@ -149,8 +150,10 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
     assert {f for f, _ in flags} == {"--procfs-dir", "--link", "--folder",
                                      "--cuda-compat-driver-major"}
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-    # a full GPU: its node only; a MIG device: parent node + gi/ci access caps
-    assert [n["path"] for n in by_name["1"]["deviceNodes"]] == ["/dev/nvidia1"]
+    # a full GPU: its node only; a MIG device: parent node + gi/ci access caps; a GPU in
+    # MIG mode is no device (nvidia-ctk)
+    assert [n["path"] for n in by_name["4"]["deviceNodes"]] == ["/dev/nvidia4"]
+    assert "1" not in by_name and driver.info.gpus[1].uuid not in by_name
     g0 = driver.info.gpus[0]
     m = g0.mig_devices[1]
     mig = by_name["0:1"]
@@ -159,8 +162,11 @@ def test_spec_level_and_device_level_edits_come_from_the_plan(sim_host):
         "/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{m.gi_access_minor}",
         f"/dev/nvidia-caps/nvidia-cap{m.ci_access_minor}"]
     assert set(mig) == {"deviceNodes"}     # no /proc mounts: the mask-procfs hook does those
+    # "all": every device's nodes, so a GPU in MIG mode with no MIG device (GPU 3) is not
+    # in it, as in nvidia-ctk's
     allnodes = {n["path"] for n in by_name["all"]["deviceNodes"]}
-    assert {f"/dev/nvidia{g.minor}" for g in driver.info.gpus} <= allnodes
+    assert {f"/dev/nvidia{g.minor}" for g in driver.info.gpus if g.minor != 3} <= allnodes
+    assert "/dev/nvidia3" not in allnodes and not driver.info.gpus[3].mig_devices
 
 
 def test_strategies_and_kind(sim_host):
@@ -565,4 +571,10 @@ def test_mask_procfs_edits_follow_container_devices(sim_host):
     p = P.plan(Request(devices="0:0,2", capabilities=frozenset({"utility"})), driver)
     assert sorted(e.procfs.gpu_dirs) == sorted(p.procfs.gpu_dirs)
     assert e.procfs.files == p.procfs.files
-    assert any(k.startswith("capabilities/gpu") for k in e.procfs.files)
+    # the MIG device's access files bound from the host, as NVIDIA's mount_procfs_mig
+    assert e.procfs.bound_files == p.procfs.bound_files
+    m0 = driver.info.gpus[0].mig_devices[0]
+    gi = f"capabilities/gpu0/mig/gi{m0.gi}"
+    assert sorted(rel for _, rel in e.procfs.bound_files) == sorted([f"{gi}/access", f"{gi}/ci{m0.ci}/access"])
+    assert all(h == f"{driver.procfs_dir}/{rel}" for h, rel in e.procfs.bound_files)
+    assert not any(k.startswith("capabilities/") for k in e.procfs.files)

@@ -184,23 +184,26 @@ def test_device_id_restricts_the_devices(host, driver):
     g = driver.info.gpus
     m = g[0].mig_devices[1]
     full = by_name(gen(host))
-    spec = gen(host, "--device-id", f"{g[3].uuid},0:1", "--device-id", "1")
+    spec = gen(host, "--device-id", f"{g[5].uuid},0:1", "--device-id", "4")
     # host order, each device under every strategy's name
-    assert names(spec) == ["1", g[1].uuid, "3", g[3].uuid, "0:1", m.uuid, "all"]
+    assert names(spec) == ["4", g[4].uuid, "5", g[5].uuid, "0:1", m.uuid, "all"]
     edits = by_name(spec)
     for name in names(spec)[:-1]:
         assert edits[name] == full[name]
     # "all" is those devices, not the host's
     allnodes = {n["path"] for n in edits["all"]["deviceNodes"]}
-    assert {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia3"} <= allnodes
+    assert {"/dev/nvidia0", "/dev/nvidia4", "/dev/nvidia5"} <= allnodes
     assert "/dev/nvidia2" not in allnodes
-    assert names(gen(host, "--device-id", "1", "--no-all-device")) == ["1", g[1].uuid]
+    assert names(gen(host, "--device-id", "4", "--no-all-device")) == ["4", g[4].uuid]
     assert names(gen(host, "--no-all-device"))[-1] != "all"
 
 
 def test_device_id_errors(host, tmp_path):
     out = str(tmp_path / "x.json")
     assert "unknown device: 9" in fails(host, "--device-id", "9", "-o", out)
+    # a GPU in MIG mode is not a device (nvidia-ctk): its MIG devices are
+    assert "device 1: GPU 1 is in MIG mode: its MIG devices (1:<n>, MIG-<uuid>) are the devices" in fails(
+        host, "--device-id", "1", "-o", out)
     assert "invalid device-id void" in fails(host, "--device-id", "void", "-o", out)
     assert "empty list" in fails(host, "--device-id", ",", "-o", out)
     assert "needs --mode gpu" in fails(host, "--mode", "imex", "--device-id", "0", "-o", out)

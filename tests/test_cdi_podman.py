@@ -83,7 +83,7 @@ CHANNELS = (0, 1, 2, 3)
 @pytest.fixture(scope="module")
 def extra_setup(tmp_path_factory):
     """(host, driver, spec dir, rootfs, state) for a copy of h100x8-mig with IMEX channel
-    nodes channel0..3 (the simulator makes none), and the three specs one
+    nodes channel0..3 (made here: h100x8-mig has none), and the three specs one
     `cdi generate --mode gpu,imex,mig-caps --device-id all,none` writes."""
     from libinject.discover.driver import discover
     from libinject.sim.build import create_host
@@ -147,14 +147,19 @@ def test_podman_mig_config_device(extra_setup):
 
 def test_podman_gpu_with_mig_monitor_gets_its_procfs_file(extra_setup):
     """A GPU and the monitor capability from two specs: the GPU spec's mask-procfs hook
-    sees the capability node and copies its capabilities/mig/monitor file in."""
+    sees the capability node and binds the live capabilities dir, as the hook does for
+    NVIDIA_MIG_MONITOR_DEVICES (a MIG manager sees instances made after its start)."""
     host, driver, specs, rootfs, base = extra_setup
-    script = "ls /dev/nvidia-caps; find /proc/driver/nvidia/capabilities -type f | sort; ls /proc/driver/nvidia/gpus"
+    script = ("ls /dev/nvidia-caps; find /proc/driver/nvidia/capabilities -path '*/mig/monitor'; "
+              "ls /proc/driver/nvidia/gpus; ls /proc/driver/nvidia/capabilities | sort | tr '\\n' ' '")
+    # (GPU 4: GPUs 0-3 are in MIG mode, no devices of their own)
     r = Podman(base / "s-migmon").run(rootfs, ["sh", "-c", script], cdi_specs=specs,
-                                      devices=["nvidia.com/gpu=1", "nvidia.com/mig-caps=monitor"])
+                                      devices=["nvidia.com/gpu=4", "nvidia.com/mig-caps=monitor"])
     assert r.returncode == 0, r.stdout + r.stderr
+    live = " ".join(sorted(os.listdir(host / "proc/driver/nvidia/capabilities"))) + " "
     assert r.stdout.splitlines() == ["nvidia-cap2", "/proc/driver/nvidia/capabilities/mig/monitor",
-                                     driver.info.gpus[1].procfs_name]
+                                     driver.info.gpus[4].procfs_name, live]
+    assert "gpu0" in live
 
 
 def test_podman_driver_only_device(extra_setup):
@@ -176,9 +181,9 @@ def test_podman_driver_only_device(extra_setup):
     # the same device with a GPU next to it: that GPU only
     r = Podman(base / "s-none1").run(rootfs, ["sh", "-c", probe({g.minor: (f"/dev/nvidia{g.minor}", 195)
                                                                   for g in gpus})],
-                                     cdi_specs=specs, devices=["nvidia.com/gpu=none", "nvidia.com/gpu=2"])
+                                     cdi_specs=specs, devices=["nvidia.com/gpu=none", "nvidia.com/gpu=5"])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert open_verdicts(r.stdout) == {g.minor: ("ENXIO" if g.index == 2 else "EPERM") for g in gpus}
+    assert open_verdicts(r.stdout) == {g.minor: ("ENXIO" if g.index == 5 else "EPERM") for g in gpus}
 
 
 def test_annotation_gated_hook_steps_aside_where_the_engine_applied_cdi(cdi_setup, tmp_path):

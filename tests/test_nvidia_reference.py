@@ -147,3 +147,18 @@ def test_cdi_spec_makes_the_development_links_tools_dlopen(sim_host, tmp_path):
     r = configure(sim_host("a100x8"), rootfs, "--utility", "--video")
     links = {(s["link"], s["target"]) for s in json.loads(r.stdout)["symlinks"]}
     assert (f"{d}/libnvidia-ml.so", "libnvidia-ml.so.1") in links, links
+
+
+# ---------------------------------------------------------------- OpenCL ICD, i386 links
+
+def test_opencl_icd_comes_with_compute_not_video_alone(sim_host, tmp_path):
+    """NVIDIA's toolkit gives /etc/OpenCL/vendors/nvidia.icd with the compute capability;
+    video brings the compute libraries (libnvcuvid needs libcuda), not the ICD."""
+    root = sim_host("a100x8")
+
+    def icd(*caps: str) -> bool:
+        r = configure(root, tmp_path, *caps)
+        assert r.returncode == 0, r.stderr
+        return any(m["container_path"] == "/etc/OpenCL/vendors/nvidia.icd" for m in json.loads(r.stdout)["mounts"])
+
+    assert (icd("--video"), icd("--compute"), icd("--video", "--compute")) == (False, True, True)

@@ -168,8 +168,9 @@ def test_symlinks(driver):
     assert links[f"{LIB}/libGLX_indirect.so.0"] == "libGLX_nvidia.so.0"
     assert links[f"{LIB}/libnvidia-opticalflow.so"] == "libnvidia-opticalflow.so.1"
     assert links[f"{LIB32}/libcuda.so"] == "libcuda.so.1"
-    assert links[f"{LIB32}/libGL.so.1"] == "libGLX_nvidia.so.0"
-    assert f"{LIB}/libGL.so.1" not in links
+    assert links[f"{LIB32}/libGLX_indirect.so.0"] == "libGLX_nvidia.so.0"
+    # nvc_mount.c symlink_libraries makes no libGL.so.1 (the image's GLVND has it)
+    assert f"{LIB32}/libGL.so.1" not in links and f"{LIB}/libGL.so.1" not in links
     # Every link sits next to a library the plan mounts; none replaces a mount.
     mounted = set(cpaths(e))
     assert not mounted & set(links)
@@ -284,10 +285,12 @@ def test_mig_selection(mig_driver):
     assert e.procfs.gpu_dirs == ((f"{mig_driver.procfs_dir}/gpus/{g1.procfs_name}", g1.procfs_name),)
     caps = [d for d in e.device_nodes if d.kind == "mig"]
     assert all(d.major == CAPS_MAJOR for d in caps) and len(caps) == 2
-    # NVML in the container finds the MIG device through these procfs files.
+    # NVML in the container finds the MIG device through these procfs files, bound from
+    # the host as NVIDIA's mount_procfs_mig binds them.
     base = f"capabilities/gpu1/mig/gi{m.gi}"
-    assert set(e.procfs.files) == {"params", "version", f"{base}/access", f"{base}/ci{m.ci}/access"}
-    assert e.procfs.files[f"{base}/access"].startswith(f"DeviceFileMinor: {m.gi_access_minor}\n")
+    assert set(e.procfs.files) == {"params", "version"}
+    assert e.procfs.bound_files == tuple((f"{mig_driver.procfs_dir}/{rel}", rel)
+                                         for rel in (f"{base}/access", f"{base}/ci{m.ci}/access"))
 
 
 def test_mig_config_monitor(mig_driver):
@@ -437,7 +440,7 @@ def test_procfs_comes_from_discovery(tmp_path):
     want = plan(req(devices="all"), d)
     assert want.procfs.files["version"] == d.procfs["version"]
     assert {f"capabilities/gpu{g.minor}/mig/gi{m.gi}/ci{m.ci}/access"
-            for g in d.info.gpus for m in g.mig_devices} <= set(want.procfs.files)
+            for g in d.info.gpus for m in g.mig_devices} <= {rel for _, rel in want.procfs.bound_files}
     shutil.rmtree(d.procfs_dir)
     assert plan(req(devices="all"), d) == want
     g = d.info.gpus[1]

@@ -47,6 +47,7 @@ def from_plan(doc: dict) -> dict:
         "mig_nodes": [d["path"] for d in mig],
         "mig_minors": sorted({r["minor"] for r in doc["cgroup_rules"] if r["major"] in majors}),
         "mig_files": sorted([f for f in doc["procfs"]["files"] if f.startswith("capabilities/")]
+                            + [rel for _, rel in doc["procfs"]["bound_files"]]
                             + _live_cap_files(doc, mig)),
         "imex": [d["path"] for d in nodes if d["kind"] == "imex"],
     }

@@ -468,6 +468,10 @@ BAD = [
      "profile libraries: libnvidia-ml is required"),
     ({"gpus": [{"name": "A", "cc": "8.0", "memory_mib": 1}], "binaries": ["../../etc/passwd"]},
      "profile binaries[0]: expected a file name"),
+    ({"gpus": [{"name": "A", "cc": "8.0", "memory_mib": 1}], "imex_channels": 4096},
+     "profile imex_channels: must be 0..2048"),
+    ({"gpus": [{"name": "A", "cc": "8.0", "memory_mib": 1}], "imex_channels": 1, "imex_major": 236},
+     "profile imex_major: must differ from uvm_major and caps_major"),
 ]
 
 
@@ -556,3 +560,49 @@ def test_warm_create_is_fast(sim_host, tmp_path):
     t0 = time.monotonic()
     create_host(tmp_path / "h", profile="a100x8")
     assert time.monotonic() - t0 < 1.0
+
+
+def test_imex_channels_profile(sim_cache):
+    """IMEX channels as the driver makes them (NVreg_ImexChannelCount): the nodes under
+    dev/nvidia-caps-imex-channels and the major's /proc/devices entry, which
+    nvidia-container-cli reads (without them its --imex-channel crashed on the sim)."""
+    from support.nvidia_parity import IMEX_PROFILE
+
+    root = create_host(sim_cache / "imex-sim", profile_file=IMEX_PROFILE)
+    nodes = sorted((root / "dev/nvidia-caps-imex-channels").iterdir())
+    assert [n.name for n in nodes] == ["channel0", "channel1", "channel2", "channel3"]
+    assert [(os.major(n.stat().st_rdev), os.minor(n.stat().st_rdev)) for n in nodes] == [(237, i) for i in range(4)]
+    assert "237 nvidia-caps-imex-channels\n" in (root / "proc/devices").read_text()
+    r = run([NVHOOK, "--root", str(root), "list", "--imex-channel=2"])
+    assert "/dev/nvidia-caps-imex-channels/channel2" in r.stdout.splitlines()
+
+
+def test_sim_mig_makes_and_destroys_a_mig_device(fresh_sim_host):
+    """`nvhook sim mig`: what nvidia-smi mig -cgi/-dgi change on a real host (NVML's MIG
+    devices, the nvidia-caps nodes, the capability files), checked through the
+    simulated nvidia-smi; a bad request is one line and changes nothing."""
+    root = fresh_sim_host("h100x8-mig")
+    r = run([NVHOOK, "sim", "mig", str(root), "--gpu", "3", "--create", "1g.10gb"])
+    assert r.returncode == 0, r.stderr
+    uuid = r.stdout.split()[-1]
+    assert r.stdout == f"created gi 1 ci 0 1g.10gb {uuid}\n"
+    smi = run(["chroot", str(root), "nvidia-smi", "-L"]).stdout
+    assert f"  MIG 1g.10gb     Device  0: (UUID: {uuid})" in smi.splitlines()
+    assert (root / "proc/driver/nvidia/capabilities/gpu3/mig/gi1/ci0/access").read_text().startswith(
+        f"DeviceFileMinor: {ci_minor(3, 1, 0)}\n")
+    assert (root / f"dev/nvidia-caps/nvidia-cap{gi_minor(3, 1)}").is_char_device()
+    before = sorted(p.name for p in (root / "dev/nvidia-caps").iterdir())
+    for where, args, why in ((root, ["--gpu", "4", "--create", "1g.10gb"], "GPU 4 is not in MIG mode"),
+                             (root, ["--gpu", "3", "--create", "huge"], "expected a MIG profile"),
+                             (root, ["--gpu", "3", "--destroy", "9"], "GPU 3 has no MIG device gi 9 ci 0"),
+                             (root, ["--gpu", "3", "--destroy", "x"], "expected GI or GI:CI"),
+                             (root / "proc", ["--gpu", "3", "--create", "1g.10gb"], "not a simulated host")):
+        bad = run([NVHOOK, "sim", "mig", str(where), *args])
+        assert bad.returncode != 0 and bad.stdout == "" and bad.stderr.startswith("nvhook: sim mig"), bad.stderr
+        assert why in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert sorted(p.name for p in (root / "dev/nvidia-caps").iterdir()) == before
+    r = run([NVHOOK, "sim", "mig", str(root), "--gpu", "3", "--destroy", "1:0"])
+    assert r.returncode == 0, r.stderr
+    assert uuid not in run(["chroot", str(root), "nvidia-smi", "-L"]).stdout
+    assert not (root / "proc/driver/nvidia/capabilities/gpu3").joinpath("mig/gi1").exists()
+    assert not (root / f"dev/nvidia-caps/nvidia-cap{gi_minor(3, 1)}").exists()

@@ -74,6 +74,27 @@ def test_the_kernel_view_is_the_simulated_one(sim_host, no_leaked_mounts):
     assert not os.path.exists("/proc/driver/nvidia/gpus") or sorted(os.listdir("/proc/driver/nvidia/gpus")) != bus
 
 
+def test_i386_libraries_and_driver_sockets_where_nvidia_looks_without_a_root(sim_host, no_leaked_mounts):
+    """NVIDIA's cli without --root finds 32-bit libraries through /etc/ld.so.cache and the
+    persistenced/fabricmanager sockets under /run: both are there under `sim enter`, even
+    on a host with no /usr/lib/i386-linux-gnu; the host's /run submounts stay (issue 31).
+    Old code: no i386 dir, nothing in the cache, no sockets."""
+    root = sim_host("a100x8")
+    subs = sorted({line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                   if line.split()[4].startswith("/run/")})
+    script = ("readlink -f /usr/lib/i386-linux-gnu/libcuda.so.1; ldconfig -p | grep -c 'libcuda.so.1 (libc6)'; "
+              "ldconfig -p | grep -c 'libcuda.so.1 (libc6,x86-64)'; "
+              "for s in /run/nvidia-persistenced/socket /var/run/nvidia-persistenced/socket; do test -S $s && echo $s; done; "
+              "awk '$5 ~ \"^/run/\" {print $5}' /proc/self/mountinfo | sort -u")
+    r = enter(root, "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    ver = json.loads((root / "etc/nvhook-sim/profile.json").read_text())["driver_version"]
+    assert lines[:5] == [f"/usr/lib/i386-linux-gnu/libcuda.so.{ver}", "1", "1",
+                         "/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket"], r.stdout
+    assert set(subs) <= set(lines[5:])
+
+
 def test_exit_status_passes_through(sim_host):
     assert enter(sim_host("t4x1"), "sh", "-c", "exit 7").returncode == 7
 

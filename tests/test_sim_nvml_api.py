@@ -256,14 +256,15 @@ def test_sandboxutils_answers_for_gpus_and_mig_devices(sim_host):
     assert out["bad_version"] == 5                       # NVSANDBOXUTILS_ERROR_VERSION_NOT_SUPPORTED
     assert (out["init"], out["version_rc"], out["version"]) == (0, 0, info["driver_version"])
     bus = gpu0["bus_id"][4:].lower()                     # 00000000:18:00.0 -> 0000:18:00.0
-    # (fileType, fileSubType, module, path): NV_DEV/NV_DEV_NVIDIA/NV_GPU, NV_PROC/..._GPUS_PCIBUSID
-    assert out["gpus"][gpu0["uuid"]] == [0, [[0, 0, 0, "/dev/nvidia0"],
-                                             [1, 11, 0, f"/proc/driver/nvidia/gpus/{bus}"]]]
+    # (fileType, fileSubType, module, path): NV_DEV/NV_DEV_NVIDIA/NV_GPU, NV_PROC/..._GPUS_PCIBUSID;
+    # paths under the root Init named, where the files are (nvidia-ctk's spec points there)
+    assert out["gpus"][gpu0["uuid"]] == [0, [[0, 0, 0, f"{root}/dev/nvidia0"],
+                                             [1, 11, 0, f"{root}/proc/driver/nvidia/gpus/{bus}"]]]
     rc, files = out["gpus"][mig["uuid"]]
     assert rc == 0
     caps = [f[3] for f in files if f[1] == 10]           # NV_DEV_NVIDIA_CAPS_NVIDIA_CAP
-    assert caps == [f"/dev/nvidia-caps/nvidia-cap{mig['gi_access_minor']}",
-                    f"/dev/nvidia-caps/nvidia-cap{mig['ci_access_minor']}"]
+    assert caps == [f"{root}/dev/nvidia-caps/nvidia-cap{mig['gi_access_minor']}",
+                    f"{root}/dev/nvidia-caps/nvidia-cap{mig['ci_access_minor']}"]
     assert all(f[2] == 1 for f in files if f[1] == 10)   # NV_MIG
     assert out["unknown"] == 3                           # NVSANDBOXUTILS_ERROR_INVALID_ARG
     assert out["content_rc"] == 0 and out["content"].startswith("NVRM version:")

@@ -262,10 +262,14 @@ def check_strategies(strategies: Sequence[str]) -> None:
 
 def device_ids(info, strategies: Sequence[str]) -> list[DeviceId]:
     """Every GPU and MIG device, named by each strategy: index "0" / "0:1",
-    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1"."""
+    uuid "GPU-.." / "MIG-..", type-index "gpu0" / "mig0:1". A GPU in MIG mode is no
+    device of its own (nvidia-ctk, pkg/nvcdi/lib-nvml.go: only its MIG devices are), with
+    or without MIG devices."""
     check_strategies(strategies)
     out: list[DeviceId] = []
     for g in info.gpus:
+        if g.mig_enabled:
+            continue
         names = {"index": str(g.index), "uuid": g.uuid, "type-index": f"gpu{g.index}"}
         out.append(DeviceId(str(g.index), tuple(dict.fromkeys(names[s] for s in strategies))))
     for g in info.gpus:
@@ -306,6 +310,9 @@ def select_ids(info, strategies: Sequence[str], ids: Sequence[str]) -> tuple[lis
     keys = set()
     for t in rest:
         for s in _select.select(info, t):
+            if s.mig is None and s.gpu.mig_enabled:
+                raise NvhookError(f"device {t}: GPU {s.gpu.index} is in MIG mode: its MIG devices "
+                                  f"({s.gpu.index}:<n>, MIG-<uuid>) are the devices")
             keys.add(s.gpu.index if s.mig is None else f"{s.gpu.index}:{s.mig.index}")
     chosen = [d for d in every if (int(d.select) if d.select.isdigit() else d.select) in keys]
     return chosen, len(chosen) == len(every), want_none
@@ -384,8 +391,10 @@ def generate(driver, *, vendor: str = DEFAULT_VENDOR, cls: str | None = None,
     ids, every, want_none = select_ids(driver.info, strategies, devices)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    # "all": the plan for every device when every device is asked for, else for those asked.
-    merged = DeviceId("all" if every else ",".join(d.select for d in ids), ("all",))
+    # "all": the plan for every device when every device is asked for, else for those asked
+    # (on a MIG host that is not the planner's "all", which takes GPUs in MIG mode whole).
+    whole = every and not any(g.mig_enabled for g in driver.info.gpus)
+    merged = DeviceId("all" if whole else ",".join(d.select for d in ids), ("all",))
     # nvidia-ctk: asking for "none" leaves the "all" device out (generate.go validateFlags);
     # here only when "none" is all that is asked for.
     with_all = all_device and not (want_none and not ids)

@@ -21,7 +21,12 @@ fingerprints before and after it: Refresher.discover_steady),
     (checked `debounce` s after the last event, at most 5 x debounce after the first);
   - and every `interval` s regardless: not every change comes with a uevent (the
     /dev/nvidia* nodes are made by nvidia-modprobe, not by the kernel; a simulated
-    host produces none at all; a lost event: the socket buffer overflowed).
+    host produces none at all; a lost event: the socket buffer overflowed);
+  - on a MIG-capable host (proc/driver/nvidia-caps/mig-minors), every `mig_interval` s
+    too: creating or destroying MIG instances makes no uevent, only new capability
+    entries under proc/driver/nvidia/capabilities and nodes in dev/nvidia-caps, which
+    the fingerprint covers (a check that finds it unchanged: ~1.5 ms, stat calls and
+    small reads).
 An edited config file (its fixed path, stat'ed at each check) is read again and the spec
 refreshed with it; one that does not load is reported and the previous one kept.
 A uevent is only a hint: the fingerprint decides. Only the kernel's count (sender port
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"     # where nvidia-cdi-refresh writes it
 DEFAULT_INTERVAL = 60.0                         # seconds between fingerprint checks
 DEFAULT_DEBOUNCE = 1.0                          # seconds of quiet after a uevent burst
+DEFAULT_MIG_INTERVAL = 2.0                      # seconds between checks on a MIG-capable host
 MAX_DEBOUNCES = 5                               # a burst delays a check at most this many debounces
 KERNEL_GROUP = 1                                # uevent multicast group of the kernel (2: udevd's)
 # Kernel modules whose loading or removal changes what discovery finds.
@@ -362,11 +368,13 @@ class Refresher:
 
 # ----------------------------------------------------------------------------- watch
 
-def check_timing(interval: float, debounce: float) -> None:
+def check_timing(interval: float, debounce: float, mig_interval: float = DEFAULT_MIG_INTERVAL) -> None:
     import math
 
     if not (math.isfinite(interval) and interval > 0):
         raise NvhookError(f"--interval must be a number of seconds > 0, not {interval!r}")
+    if not (math.isfinite(mig_interval) and mig_interval > 0):
+        raise NvhookError(f"--mig-interval must be a number of seconds > 0, not {mig_interval!r}")
     if not (math.isfinite(debounce) and debounce >= 0):
         raise NvhookError(f"--debounce must be a number of seconds >= 0, not {debounce!r}")
 
@@ -400,23 +408,38 @@ class _Reporter:
             pass
 
 
+def mig_capable(refresher: Refresher) -> bool:
+    """Whether the host can have MIG devices (its driver lists the MIG minors)."""
+    o = refresher.options
+    dev_root = o.dev_root or o.root
+    return os.path.isfile(os.path.join(dev_root, "proc/driver/nvidia-caps/mig-minors"))
+
+
+def poll_interval(refresher: Refresher, interval: float, mig_interval: float) -> float:
+    """Seconds to the next periodic check: mig_interval on a MIG-capable host (MIG
+    reconfiguration makes no uevent), else interval."""
+    return min(interval, mig_interval) if mig_capable(refresher) else interval
+
+
 def watch(refresher: Refresher, *, interval: float = DEFAULT_INTERVAL,
           debounce: float = DEFAULT_DEBOUNCE, uevents: bool = True,
-          say: Callable[[str], None] | None = None, stderr: Any = None) -> int:
+          say: Callable[[str], None] | None = None, stderr: Any = None,
+          mig_interval: float = DEFAULT_MIG_INTERVAL) -> int:
     """Refresh now, then whenever the fingerprint changes (see the module doc) until
     SIGTERM/SIGINT; returns 0 then. say(line): "updated FILE" / "unchanged FILE"
     (the first refresh) and "updated FILE" (later ones). Errors: one line on stderr."""
     import asyncio
     import sys
 
-    check_timing(interval, debounce)
+    check_timing(interval, debounce, mig_interval)
     reporter = _Reporter(stderr if stderr is not None else sys.stderr)
     return asyncio.run(_watch(refresher, interval, debounce, uevents,
-                              say or (lambda line: None), reporter))
+                              say or (lambda line: None), reporter, mig_interval))
 
 
 async def _watch(refresher: Refresher, interval: float, debounce: float, uevents: bool,
-                 say: Callable[[str], None], reporter: _Reporter) -> int:
+                 say: Callable[[str], None], reporter: _Reporter,
+                 mig_interval: float = DEFAULT_MIG_INTERVAL) -> int:
     import asyncio
     import signal
 
@@ -470,7 +493,7 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
             say(f"{'updated' if changed else 'unchanged'} {refresher.output}")
 
     check(first=True)
-    poll_at = time.monotonic() + interval
+    poll_at = time.monotonic() + poll_interval(refresher, interval, mig_interval)
     stopping = asyncio.ensure_future(stop.wait())
     receiving = asyncio.ensure_future(listener.wait()) if listener else None
     try:
@@ -478,7 +501,7 @@ async def _watch(refresher: Refresher, interval: float, debounce: float, uevents
             now = time.monotonic()
             if burst.ready(now) or now >= poll_at:
                 check()
-                poll_at = time.monotonic() + interval
+                poll_at = time.monotonic() + poll_interval(refresher, interval, mig_interval)
                 continue
             due = min(poll_at, burst.due if burst.due is not None else poll_at)
             waiting = {stopping} | ({receiving} if receiving else set())

@@ -479,12 +479,12 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
     in one native call (native.open_trees: what open_host does for each, without its
     Python around each of the dozens of them), checked as _open_sources_one_by_one
     checks them; one that cannot be opened: that, which says why."""
-    procfs_dirs = edits.procfs.binds() if edits.procfs else ()
+    procfs_dirs = edits.procfs.all_binds() if edits.procfs else ()
     ours = [m for m in edits.mounts if m.kind != RUNTIME_LIBRARY]
     paths = [m.host_path for m in ours]
     recursive = [mount_attrs(m.options)[1] for m in ours]
     paths += [d.host_path for d in edits.device_nodes]
-    paths += [host_dir for host_dir, _ in procfs_dirs]
+    paths += [host_dir for host_dir, _, _ in procfs_dirs]
     recursive += [False] * (len(paths) - len(recursive))
     fds = native.open_trees(paths, recursive)
     if fds is None:
@@ -506,9 +506,8 @@ def _open_sources(edits: ContainerEdits, ldconfig: str) -> _Sources:
         src.gpu_dirs = sources[nm + nd:]
         for d, s in zip(edits.device_nodes, src.devices):
             _check_device(d, s.st)
-        for (host_dir, _), s in zip(procfs_dirs, src.gpu_dirs):
-            if not stat.S_ISDIR(s.st.st_mode):
-                raise NvhookError(f"procfs entry {host_dir} is not a directory")
+        for (host_path, _, is_dir), s in zip(procfs_dirs, src.gpu_dirs):
+            _check_procfs_entry(host_path, is_dir, s.st)
         if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
             from libinject.apply.ldconfig import open_ldconfig
             src.ldconfig_fd = open_ldconfig(ldconfig, note=notes.append)
@@ -533,15 +532,21 @@ def _open_sources_one_by_one(edits: ContainerEdits, ldconfig: str) -> _Sources:
         _check_device(d, s.st)
         src.devices.append(s)
     if edits.procfs:
-        for host_dir, _ in edits.procfs.binds():
-            s = _open(host_dir, f"procfs entry {host_dir}")
-            if not stat.S_ISDIR(s.st.st_mode):
-                raise NvhookError(f"procfs entry {host_dir} is not a directory")
+        for host_path, _, is_dir in edits.procfs.all_binds():
+            s = _open(host_path, f"procfs entry {host_path}")
+            _check_procfs_entry(host_path, is_dir, s.st)
             src.gpu_dirs.append(s)
     if ldconfig.startswith("@") and (edits.ldconfig_folders or edits.cuda_compat):
         from libinject.apply.ldconfig import open_ldconfig
         src.ldconfig_fd = open_ldconfig(ldconfig, note=notes.append)
     return src
+
+
+def _check_procfs_entry(host_path: str, is_dir: bool, st: os.stat_result) -> None:
+    if is_dir and not stat.S_ISDIR(st.st_mode):
+        raise NvhookError(f"procfs entry {host_path} is not a directory")
+    if not is_dir and not stat.S_ISREG(st.st_mode):
+        raise NvhookError(f"procfs entry {host_path} is not a regular file")
 
 
 def _runtime_library(path: str) -> _Source:
@@ -690,6 +695,8 @@ def _procfs(root: RootFS, edits: ContainerEdits) -> None:
     p = edits.procfs
     assert p is not None
     files = {name.lstrip("/"): data.encode() for name, data in p.files.items()}
+    # the bound files' targets: empty files made with the tmpfs (it is read-only after)
+    files.update((rel, b"") for _, rel in p.bound_files)
     dirs = tuple(rel for _, rel in p.binds())
     tfd = _procfs_target(root, p.path)
     try:
@@ -734,12 +741,12 @@ def _procfs_target(root: RootFS, path: str) -> int:
 def _gpu_procfs(root: RootFS, edits: ContainerEdits, src: _Sources) -> None:
     if not edits.procfs:
         return
-    binds = edits.procfs.binds()
+    binds = edits.procfs.all_binds()
     root.expect_mounts([(f"{edits.procfs.path}/{rel}", s.fd, s.st)
-                        for (_, rel), s in zip(binds, src.gpu_dirs)])
-    for (host_dir, rel), s in zip(binds, src.gpu_dirs):
+                        for (_, rel, _), s in zip(binds, src.gpu_dirs)])
+    for (host_path, rel, is_dir), s in zip(binds, src.gpu_dirs):
         root.bind_tree(s.fd, s.st, f"{edits.procfs.path}/{rel}", PROC_ATTRS,
-                       expect="dir", source=host_dir)
+                       expect="dir" if is_dir else "file", source=host_path)
 
 
 def _version(v: str) -> tuple[int, ...] | None:

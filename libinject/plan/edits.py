@@ -61,10 +61,18 @@ class ProcfsEdit:
     files: dict[str, str] = field(default_factory=dict)          # name -> contents
     gpu_dirs: tuple[tuple[str, str], ...] = ()                   # (host dir, name under gpus/)
     live_dirs: tuple[tuple[str, str], ...] = ()                  # (host dir, path under `path`)
+    # MIG devices' capability files (capabilities/gpu<N>/mig/gi<G>/[ci<C>/]access), bound
+    # read-only as NVIDIA's mount_procfs_mig binds them: (host file, path under `path`)
+    bound_files: tuple[tuple[str, str], ...] = ()
 
     def binds(self) -> list[tuple[str, str]]:
         """(host dir, path under `path`) of every directory bound into the tmpfs."""
         return [(h, f"gpus/{name}") for h, name in self.gpu_dirs] + list(self.live_dirs)
+
+    def all_binds(self) -> list[tuple[str, str, bool]]:
+        """(host path, path under `path`, is a directory) of every bind into the tmpfs:
+        the directories, then the files."""
+        return [(h, rel, True) for h, rel in self.binds()] + [(h, rel, False) for h, rel in self.bound_files]
 
 
 @record(frozen=True)

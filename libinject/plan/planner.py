@@ -4,7 +4,7 @@ What goes in follows libnvidia-container's nvc_driver_mount / nvc_device_mount, 
 the order the live applier applies it:
 procfs, binaries, libraries, symlinks, CUDA compat, firmware, IPC, graphics files,
 control devices, GPU devices, their DRM nodes, MIG capabilities (nodes, and their
-/proc/driver/nvidia/capabilities files copied into the procfs edit), IMEX channels,
+/proc/driver/nvidia/capabilities files bound in the procfs edit), IMEX channels,
 ldconfig folders, cgroup rules.
 
 Graphics and display, beyond upstream's libraries (as NVIDIA's toolkit and Apptainer
@@ -155,9 +155,8 @@ def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False)
         if name.startswith("libcuda.so"):
             add("libcuda.so.1", posixpath.join(d, "libcuda.so"))
         elif name.startswith("libGLX_nvidia.so"):
+            # (no libGL.so.1, 32-bit either: the image's GLVND provides it, as upstream)
             add("libGLX_nvidia.so.0", posixpath.join(d, "libGLX_indirect.so.0"))
-            if lib.compat32:
-                add("libGLX_nvidia.so.0", posixpath.join(d, "libGL.so.1"))
         elif name.startswith("libnvidia-opticalflow.so"):
             add("libnvidia-opticalflow.so.1", posixpath.join(d, "libnvidia-opticalflow.so"))
         # The development links NVIDIA's CDI specs add (nvcdi: libnvidia-ml, -encode,
@@ -174,8 +173,10 @@ def _symlinks(libs: Sequence[tuple[Library, MountEdit]], graphics: bool = False)
 
 def _graphics(driver: Driver, flags: Flags) -> tuple[list[MountEdit], list[SymlinkEdit]]:
     """The graphics files the flags ask for, and the X server's link to its GLX module."""
+    # The OpenCL ICD with compute asked for, not with the compute libraries video brings
+    # (NVIDIA's toolkit: with the compute capability).
     caps = {c for c, on in (("graphics", flags.graphics_libs), ("display", flags.display),
-                            ("compute", flags.compute_libs)) if on}
+                            ("compute", flags.compute_bins)) if on}
     mounts, links = [], []
     for f in driver.graphics_files:
         if f.capability not in caps:
@@ -349,8 +350,8 @@ def plan(request: Request, driver: Driver, *, lib_dir: str = DEBIAN_LIB_DIRS[0],
             extra_rules += [CgroupRule(node.major, minor) for _, minor in _select.mig_minors_of(driver, g)]
     devices += [_dev(n, "imex") for n in sel.imex]
     devices = list(dict.fromkeys(devices))
-    if proc_caps:
-        proc = replace(proc, files={**proc.files, **_procfs.cap_files(driver, proc_caps)})
+    if proc_caps and not live_caps:     # (the live capabilities dir shows them all)
+        proc = replace(proc, bound_files=_procfs.cap_files(driver, proc_caps))
 
     folders = [lib_dir] + ([lib32_dir] if flags.compat32 else [])
     rules: list[CgroupRule] = []
@@ -381,7 +382,7 @@ def describe(edits: ContainerEdits) -> str:
     lines: list[str] = []
     if edits.procfs is not None:
         lines.append(f"procfs   tmpfs {edits.procfs.path} ({', '.join(edits.procfs.files) or 'no files'})")
-        for host, rel in edits.procfs.binds():
+        for host, rel, _ in edits.procfs.all_binds():
             lines.append(f"procfs   {edits.procfs.path}/{rel} <- {host}")
     for m in edits.mounts:
         lines.append(f"{m.kind:<8} {m.container_path} <- {m.host_path} [{','.join(m.options)}]")

@@ -44,14 +44,14 @@ def gpu_dir(driver: Driver, gpu: Gpu) -> tuple[str, str]:
     return posixpath.join(driver.procfs_dir, "gpus", name), name
 
 
-def cap_files(driver: Driver, rels: Iterable[str]) -> dict[str, str]:
-    """MIG capability files ("capabilities/mig/config", ".../gi1/access") by their path
-    under procfs_dir, as upstream's mount_procfs_mig: NVML in the container reads the caps
-    minors there. Copied into the tmpfs (their text is static: "DeviceFileMinor: N ..."),
-    so it can stay read-only. Ones discovery did not find are skipped."""
+def cap_files(driver: Driver, rels: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """MIG capability files (".../gi1/access", ".../gi1/ci0/access") as (host file, path
+    under procfs_dir), bound as upstream's mount_procfs_mig binds them: NVML in the
+    container reads the caps minors there. Ones discovery did not find are skipped."""
     if not driver.procfs_dir:
-        return {}
-    return {rel: driver.procfs[rel] for rel in rels if rel in driver.procfs}
+        return ()
+    return tuple((posixpath.join(driver.procfs_dir, rel), rel) for rel in dict.fromkeys(rels)
+                 if rel in driver.procfs)
 
 
 def build(driver: Driver, gpus: Iterable[Gpu]) -> ProcfsEdit:

@@ -447,8 +447,8 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     minors = {d.get("minor") for d in devs
               if d.get("major") == NVIDIA_MAJOR and isinstance(d.get("path"), str)
               and d["path"].removeprefix("/dev/nvidia").isdigit()}
-    # MIG capability nodes -> their files under capabilities/, copied into the tmpfs as
-    # the planner does (upstream's mount_procfs_mig; the text is static)
+    # MIG capability nodes -> their files under capabilities/, bound into the tmpfs as
+    # the planner does (upstream's mount_procfs_mig)
     caps = {d.get("minor") for d in devs if isinstance(d.get("path"), str)
             and d["path"].startswith(_plan.CAPS_DIR + "/nvidia-cap")}
     keys: list[str] = []
@@ -460,9 +460,16 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     gpu_dirs = [(os.path.join(procfs_dir, "gpus", name), name)
                 for name, minor in host.gpus.items() if minor is not None and minor in minors]
     files = procfs.masked_files(host.files)
-    files.update((rel, host.files[rel]) for rel in map(host_procfs.cap_rel, keys) if rel in host.files)
+    if any(k in ("config", "monitor") for k in keys):
+        # a MIG manager (nvidia.com/mig-caps): the live capabilities dir, as the planner
+        # gives NVIDIA_MIG_CONFIG_DEVICES, so instances made after the start show
+        live = ((os.path.join(procfs_dir, "capabilities"), "capabilities"),)
+        return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
+                                                gpu_dirs=tuple(gpu_dirs), live_dirs=live))
+    bound = tuple((os.path.join(procfs_dir, rel), rel) for rel in map(host_procfs.cap_rel, keys)
+                  if rel in host.files)
     return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
-                                            gpu_dirs=tuple(gpu_dirs)))
+                                            gpu_dirs=tuple(gpu_dirs), bound_files=bound))
 
 
 def _allowed(rules: list, typ: str, major, minor) -> bool:

@@ -464,6 +464,8 @@ def _install_devices(root: Path, prof: Profile) -> None:
     _mknod(dev / "nvidia-uvm-tools", prof.uvm_major, 1)
     if prof.modeset:
         _mknod(dev / "nvidia-modeset", NVIDIA_MAJOR, 254)
+    for n in range(prof.imex_channels):
+        _mknod(dev / f"nvidia-caps-imex-channels/channel{n}", prof.imex_major, n)
     if prof.mig_capable:
         caps = dev / "nvidia-caps"
         _mknod(caps / "nvidia-cap1", prof.caps_major, 1, 0o400)
@@ -502,6 +504,8 @@ def _install_procfs(root: Path, prof: Profile) -> None:
     majors = [(NVIDIA_MAJOR, "nvidia-frontend"), (prof.uvm_major, "nvidia-uvm"), (prof.caps_major, "nvidia-caps")]
     if prof.graphics:
         majors.append((DRM_MAJOR, "drm"))
+    if prof.imex_channels:
+        majors.append((prof.imex_major, "nvidia-caps-imex-channels"))
     chars = "".join(f"{major} {name}\n" for major, name in sorted(majors))
     _write(root / "proc/devices", f"Character devices:\n{chars}\nBlock devices:\n", 0o444)
 

@@ -15,7 +15,10 @@ over the host's:
   /dev                            a read-only overlay: ROOT/dev over the host's /dev (its
                                   submounts, /dev/pts, /dev/shm, ..., bound back)
   /usr/lib/<arch>-linux-gnu,      read-only overlays: ROOT's driver libraries and tools
-  /usr/bin                        over the host's (the host's own stay visible)
+  /usr/bin                        over the host's (the host's own stay visible); a dir the
+                                  host lacks (i386): ROOT's parent dir over the host's
+  /run                            a read-only overlay: ROOT's run (the driver's sockets) over
+                                  the host's, its submounts bound back
   /lib/firmware/nvidia            ROOT's GSP firmware, where the host has that dir
   /etc/ld.so.cache                one made in there by the host's ldconfig, listing both
 
@@ -39,8 +42,9 @@ LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 # Characters overlayfs's option parser takes as separators in lowerdir.
 _OVERLAY_SPECIAL = (",", ":", "\\")
 # What of ROOT is shown to CMD (_setup), checked entry by entry (check_trusted).
+# (usr/lib: shown whole where the host lacks a multiarch dir; run: the driver's sockets)
 SHOWN = ("dev", "proc/driver/nvidia", "proc/driver/nvidia-caps", "proc/devices", "sys/bus/pci/devices",
-         *LIB_DIRS, "lib/firmware")
+         "usr/lib", "usr/bin", "run", "lib/firmware")
 MAX_ENTRIES = 100_000       # a simulated host has a few hundred
 
 
@@ -201,6 +205,16 @@ def _setup(root: str) -> None:
     for rel in LIB_DIRS:
         if os.path.isdir(f"{root}/{rel}") and os.path.isdir(f"/{rel}"):
             _overlay(native, f"{root}/{rel}", f"/{rel}")
+        elif os.path.isdir(f"{root}/{rel}"):
+            # The host has no such dir (no i386 multiarch): ROOT's parent over the host's.
+            parent = os.path.dirname(rel)
+            while parent and not os.path.isdir(f"/{parent}"):
+                parent = os.path.dirname(parent)
+            if parent:
+                _overlay_keeping_submounts(native, f"{root}/{parent}", f"/{parent}")
+    if os.path.isdir(f"{root}/run"):
+        # the driver's sockets (persistenced, fabricmanager) where NVIDIA's tools look
+        _overlay_keeping_submounts(native, f"{root}/run", "/run")
     fw = f"{root}/lib/firmware/nvidia"
     if os.path.isdir(fw) and os.path.isdir("/lib/firmware"):
         target = "/lib/firmware/nvidia"
@@ -211,6 +225,21 @@ def _setup(root: str) -> None:
     _ldcache(native)
 
 
+def _overlay_keeping_submounts(native, lower_top: str, target: str) -> None:
+    """A read-only overlay of lower_top over target, target's submounts bound back (the
+    host's target staged in the private tmpfs, as /dev is)."""
+    subs = _submounts(target)
+    stage = f"{STAGE}-{os.path.basename(target)}"
+    os.mkdir(stage)
+    native.mount(target, stage, None, native.MS_BIND | native.MS_REC)
+    native.mount("overlay", target, "overlay", native.MS_RDONLY, f"lowerdir={lower_top}:{stage}")
+    for sub in subs:
+        if os.path.exists(sub):
+            native.mount(stage + sub[len(target):], sub, None, native.MS_BIND | native.MS_REC)
+    native.umount2(stage, native.MNT_DETACH)
+    os.rmdir(stage)
+
+
 def _ldcache(native) -> None:
     """A cache of what the host's ldconfig finds now (host and simulated libraries),
     made in the private tmpfs and bound over /etc/ld.so.cache (-X: no links written)."""
@@ -218,7 +247,10 @@ def _ldcache(native) -> None:
     if ldconfig is None or not os.path.isfile("/etc/ld.so.cache"):
         return
     cache = "/proc/driver/.ld.so.cache"
-    r = subprocess.run([ldconfig, "-X", "-C", cache], capture_output=True, text=True, env={"PATH": "/usr/sbin:/sbin"})
+    # ROOT's library dirs by name too: the host's config may not list them (i386)
+    dirs = [f"/{d}" for d in LIB_DIRS if d.startswith("usr/lib/") and os.path.isdir(f"/{d}")]
+    r = subprocess.run([ldconfig, "-X", "-C", cache, *dirs], capture_output=True, text=True,
+                       env={"PATH": "/usr/sbin:/sbin"})
     if r.returncode != 0 or not os.path.isfile(cache):
         raise NvhookError(f"sim enter: {ldconfig} -C failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     native.mount(cache, "/etc/ld.so.cache", None, native.MS_BIND)

@@ -47,6 +47,9 @@ any file in the same format. Fields (all optional unless marked required):
                       modules, and each GPU's DRM nodes (dev/dri, by-path links, sysfs)
     uvm_major         char major of nvidia-uvm(-tools) (default 235: unregistered here -> ENXIO)
     caps_major        char major of dev/nvidia-caps/* (default 236)
+    imex_channels     number of IMEX channels, 0..2048 (default 0): dev/nvidia-caps-imex-channels/
+                      channel0..N-1 and the /proc/devices entry nvidia-caps-imex-channels
+    imex_major        char major of the IMEX channels (default 237)
 
 A bad file raises NvhookError naming the field: "profile gpus[2].uuid: expected 'GPU-' uuid".
 Every pattern is matched whole and ASCII-only (no trailing "\n", no "١"), strings are
@@ -176,9 +179,11 @@ MAX_PROFILE_BYTES = 1 << 20
 MAX_MEMORY_MIB = 1 << 24        # 16 TiB; NVML reports bytes in 64 bits (MiB << 20)
 MAX_DESCRIPTION = 200
 MAX_LIST = 256                  # libraries, binaries, firmware
+MAX_IMEX_CHANNELS = 2048        # the driver's default NVreg_ImexChannelCount
 
 TOP_FIELDS = {"description", "driver_version", "cuda_version", "gpus", "libraries", "compat32",
-              "binaries", "firmware", "modeset", "graphics", "uvm_major", "caps_major"}
+              "binaries", "firmware", "modeset", "graphics", "uvm_major", "caps_major",
+              "imex_channels", "imex_major"}
 GPU_FIELDS = {"name", "brand", "uuid", "bus_id", "minor", "cc", "architecture", "memory_mib",
               "pci_device_id", "pci_subsystem_id", "mig_capable", "mig_enabled", "mig"}
 MIG_FIELDS = {"gi", "ci", "name", "uuid", "memory_mib"}
@@ -239,6 +244,8 @@ class Profile:
     graphics: bool
     uvm_major: int
     caps_major: int
+    imex_channels: int = 0
+    imex_major: int = 237
 
     @property
     def cuda_int(self) -> int:
@@ -501,18 +508,26 @@ def parse_profile(data: Any, name: str = "custom") -> Profile:
     modeset = _get(data, "modeset", "", bool, False)
     uvm_major = _get(data, "uvm_major", "", int, 235)
     caps_major = _get(data, "caps_major", "", int, 236)
-    for key, val in (("uvm_major", uvm_major), ("caps_major", caps_major)):
+    imex_channels = _get(data, "imex_channels", "", int, 0)
+    if not 0 <= imex_channels <= MAX_IMEX_CHANNELS:
+        raise _err("imex_channels", f"must be 0..{MAX_IMEX_CHANNELS}")
+    imex_major = _get(data, "imex_major", "", int, 237)
+    majors = (("uvm_major", uvm_major), ("caps_major", caps_major), ("imex_major", imex_major))
+    for key, val in majors:
         if not 1 <= val <= 511 or val == 195:
             raise _err(key, "must be 1..511 and not 195")
     if uvm_major == caps_major:
         raise _err("caps_major", "must differ from uvm_major")
-    for key, val in (("uvm_major", uvm_major), ("caps_major", caps_major)):
+    if imex_major in (uvm_major, caps_major):
+        raise _err("imex_major", "must differ from uvm_major and caps_major")
+    for key, val in majors:
         if graphics and val == DRM_MAJOR:
             raise _err(key, f"must not be {DRM_MAJOR} (DRM's) on a graphics host")
     return Profile(name=name, description=description, driver_version=driver_version,
                    cuda_version=cuda_version, gpus=tuple(gpus), libraries=tuple(libs),
                    compat32=compat32, binaries=binaries, firmware=firmware, modeset=modeset,
-                   graphics=graphics, uvm_major=uvm_major, caps_major=caps_major)
+                   graphics=graphics, uvm_major=uvm_major, caps_major=caps_major,
+                   imex_channels=imex_channels, imex_major=imex_major)
 
 
 def list_profiles() -> list[str]:

@@ -7,8 +7,9 @@
  *
  * GetGpuResource lists, for a GPU: /dev/nvidia<minor> and /proc/driver/nvidia/gpus/<bus>
  * (and its DRM nodes where sys/bus/pci/devices/<bus>/drm has them); for a MIG device also
- * its GI and CI capability nodes and access files. Paths are as seen inside the root
- * ("/dev/nvidia0"). Lists stay valid until nvSandboxUtilsShutdown. */
+ * its GI and CI capability nodes and access files. Paths are where the files are: under
+ * the root Init names ("/srv/sim/dev/nvidia0"; "/dev/nvidia0" for the default "/"), so
+ * nvidia-ctk's spec on a simulated host points at its nodes, not the host's. Lists stay valid until nvSandboxUtilsShutdown. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -235,8 +236,10 @@ static int add(nvSandboxUtilsGpuFileInfo_v1_t ***tail, nvSandboxUtilsFileType_t 
                nvSandboxUtilsFileSystemSubType_t sub, nvSandboxUtilsFileModule_t module,
                nvSandboxUtilsFileFlag_t flags, const char *path)
 {
+    char full[PATH_MAX];
+    snprintf(full, sizeof full, "%s%s", rootfs, path);
     nvSandboxUtilsGpuFileInfo_v1_t *f = calloc(1, sizeof *f);
-    if (!f || !(f->filePath = strdup(path))) {
+    if (!f || !(f->filePath = strdup(full))) {
         free(f);
         return -1;
     }
@@ -389,7 +392,10 @@ EXPORT nvSandboxUtilsRet_t nvSandboxUtilsGetFileContent(char *filePath, char *co
         return NVSANDBOXUTILS_ERROR_INVALID_ARG;
     if (!initialized)
         return NVSANDBOXUTILS_ERROR_UNINITIALIZED;
-    snprintf(p, sizeof p, "%s%s", rootfs, filePath);
+    /* a path as answered (under the root) is read as it is */
+    size_t rl = strlen(rootfs);
+    int under = rl && !strncmp(filePath, rootfs, rl) && filePath[rl] == '/';
+    snprintf(p, sizeof p, "%s%s", under ? "" : rootfs, filePath);
     if (lstat(p, &st) != 0)
         return NVSANDBOXUTILS_ERROR_FILEPATH_NOT_FOUND;
     if (S_ISLNK(st.st_mode)) {
