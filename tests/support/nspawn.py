@@ -25,6 +25,8 @@ from typing import Sequence
 MMDEBSTRAP = shutil.which("mmdebstrap") or "/usr/bin/mmdebstrap"
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
 PACKAGES = "python3,systemd,systemd-sysv,dbus,runc"
+# A GPU node as a package sees it: systemd and a runtime, no Python, no compiler.
+NODE_PACKAGES = "systemd,systemd-sysv,dbus,runc"
 BOOT_TIMEOUT = 120
 # What booting and dpkg's own book-keeping change in a root, whatever is installed.
 NOISE = ("var/log/journal", "var/lib/systemd", "run", "tmp", "var/tmp",
