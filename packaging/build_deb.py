@@ -52,7 +52,7 @@ def control(stage: Path, ver: str) -> None:
         if path.is_file() and not path.is_symlink() and meta not in path.parents:
             sums.append(f"{hashlib.md5(path.read_bytes()).hexdigest()}  {path.relative_to(stage)}\n")
     (meta / "md5sums").write_text("".join(sums))
-    for script in ("postinst", "prerm", "postrm"):
+    for script in ("preinst", "postinst", "prerm", "postrm"):
         shutil.copy(HERE / "deb" / script, meta / script)
         os.chmod(meta / script, 0o755)
 

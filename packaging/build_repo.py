@@ -115,14 +115,15 @@ def _arches(debs: list[Path]) -> set[str]:
 
 def rpm_repo(dest: Path, rpms: list[Path], home: Path, fpr: str, url: str) -> None:
     step(f"writing the rpm repository ({len(rpms)} packages)")
-    for tool in ("createrepo_c", "rpmsign"):
+    for tool in ("createrepo_c", "rpmsign", "gpg"):
         if not shutil.which(tool):
             fail(f"the rpm repository needs {tool} (apt-get install createrepo-c rpm)")
     dest.mkdir(parents=True)
     for rpm in rpms:
         shutil.copy2(rpm, dest / rpm.name)
         run(["rpmsign", "--addsign", "--define", f"_gpg_name {fpr}", "--define", f"_gpg_path {home}",
-             "--define", "_gpg_sign_cmd_extra_args --pinentry-mode loopback --passphrase ''",
+             "--define", f"__gpg {shutil.which('gpg')}",
+             "--define", "_gpg_sign_cmd_extra_args --batch --pinentry-mode loopback",
              str(dest / rpm.name)], timeout=300)
     run(["createrepo_c", "--quiet", "--no-database", str(dest)], timeout=600)
     _gpg(home, "--local-user", fpr, "--detach-sign", "--armor", "-o", str(dest / "repodata/repomd.xml.asc"),

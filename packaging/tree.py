@@ -4,6 +4,7 @@
                               the node's userland (no distribution Python)
   /usr/lib/nvhook/current     -> <version>: what the units, the alternative and /usr/bin
                               name, so an upgrade is the new directory and this link renamed
+  /usr/lib/nvhook/bin         -> current/bin: the path 0.1.0's engine configs name
   /usr/bin/nvhook, nvhook-hook, nvhook-runtime   links through current
   /usr/lib/systemd/system/    nvhook-serve.service and nvhook-cdi-refresh.service
   /usr/share/nvhook/config.toml   the default config (postinst copies it where none is)
@@ -45,6 +46,8 @@ def stage_tree(stage: Path, work: Path, version: str) -> None:
     """The installed tree (module doc) under stage."""
     build_bundle(f"{LIBDIR}/{version}", stage, work, version=version)
     os.symlink(version, stage / CURRENT.lstrip("/"))
+    # 0.1.0's program dir, which engine configs it set up name (packaging/deb/preinst).
+    os.symlink("current/bin", stage / LIBDIR.lstrip("/") / "bin")
     (stage / "usr/bin").mkdir(parents=True)
     for name in PROGRAMS:
         os.symlink(f"../lib/nvhook/current/bin/{name}", stage / "usr/bin" / name)
