@@ -41,7 +41,7 @@ AutoReqProv: no
 %define debug_package %{{nil}}
 %define __os_install_post %{{nil}}
 %define _build_id_links none
-%define _binary_payload w6.xzdio
+%define _binary_payload w2.xzdio
 
 %description
 nvhook gives containers their NVIDIA GPUs: the OCI prestart hook (also as the
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
             spec.write_text(SPEC.format(version=ver, arch=ARCH, stage=stage, files=_files(stage, ver),
                                         postinst=_script("postinst"), prerm=_script("prerm"),
                                         postrm=_script("postrm")))
-            step("writing the .rpm (rpmbuild, xz)")
+            step("writing the .rpm (rpmbuild, xz -2)")
             run(["rpmbuild", "-bb", "--target", ARCH, "--define", f"_topdir {top}", str(spec)], timeout=900)
             name = f"nvhook-{ver}-1.{ARCH}.rpm"
             if not (top / "RPMS" / ARCH / name).is_file():

@@ -30,7 +30,12 @@ BOOTED = ("bookworm", "trixie")
 
 
 def _chroot_ok(root: Path, *argv: str, timeout: float = 600) -> str:
-    r = nspawn.chroot(root, *argv, timeout=timeout)
+    """argv chrooted into root, with a /proc of its own there (the fronts find themselves
+    through /proc/self/exe), as a node's shell has."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"}
+    r = subprocess.run(["unshare", "-m", "-p", "-f", "--propagation", "private", "sh", "-c",
+                        'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"', str(root), *argv],
+                       capture_output=True, text=True, timeout=timeout, env=env)
     assert r.returncode == 0, f"{argv}: {r.stdout[-2000:]}{r.stderr[-2000:]}"
     return r.stdout
 
@@ -132,7 +137,13 @@ def test_apt_get_upgrade_under_a_stream_of_gpu_starts(booted, package_repo, next
                                                       deb_package, tmp_path):
     _suite, root, machine = booted
     package_repo.publish(deb_package, next_deb_package, rpm_package)
-    log = tmp_path / "stream.log"
+    try:
+        _upgrade_under_a_stream(root, machine, tmp_path / "stream.log")
+    finally:
+        package_repo.publish(deb_package, rpm_package)     # as it was, for the next suite
+
+
+def _upgrade_under_a_stream(root: Path, machine: nspawn.Machine, log: Path) -> None:
     stream = machine.popen("sh", "-c", STREAM, log=log)
     try:
         _wait_oks(log, 1, stream)
@@ -143,7 +154,7 @@ def test_apt_get_upgrade_under_a_stream_of_gpu_starts(booted, package_repo, next
         done = _oks(log)
         _wait_oks(log, done + 2, stream)      # starts after the upgrade too
     finally:
-        (root / "run").exists() and machine.run("touch", "/run/stop-stream")
+        machine.run("touch", "/run/stop-stream")
         stream.wait(120)
     text = log.read_text()
     assert "FAIL" not in text, text[-3000:]
@@ -151,8 +162,7 @@ def test_apt_get_upgrade_under_a_stream_of_gpu_starts(booted, package_repo, next
     assert machine.run("systemctl", "is-active", "nvhook-serve.service").stdout == "active\n"
     pid = machine.run("systemctl", "show", "-P", "MainPID", "nvhook-serve.service").stdout.strip()
     assert machine.run("readlink", f"/proc/{pid}/exe").stdout.strip() == f"/usr/lib/nvhook/{NEXT}/bin/python3.11"
-    assert sorted(os.listdir(root / "usr/lib/nvhook")) == sorted([NEXT, "current"])
-    package_repo.publish(deb_package, rpm_package)     # as it was, for the next suite
+    assert sorted(os.listdir(root / "usr/lib/nvhook")) == sorted([NEXT, "bin", "current"])
 
 
 # ---------------------------------------------------------------- the repository itself
