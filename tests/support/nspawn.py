@@ -126,6 +126,19 @@ class Machine:
                                "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *argv],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
+    def journal_has(self, unit: str, pattern: str, wait: float = 30) -> str:
+        """unit's journal once a line matches pattern (journald takes a service's lines
+        asynchronously: the line of a start just served may not be in yet); what it holds
+        then, or at the deadline."""
+        import re
+
+        deadline = time.monotonic() + wait
+        while True:
+            text = self.run("journalctl", "-u", unit, "--no-pager", "-o", "cat").stdout
+            if re.search(pattern, text, re.M) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
+
     def popen(self, *argv: str, log: Path) -> subprocess.Popen:
         """argv inside the machine, in the background, its output to log."""
         return subprocess.Popen(["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "--",
