@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# fail, run: build_image.py imports them from here (wheel_of_tree: the old home of it)
 from common import HERE, check_version, fail, run, step, version, wheel_of_tree  # noqa: E402,F401
 from tree import stage_tree  # noqa: E402
 

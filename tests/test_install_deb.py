@@ -222,7 +222,7 @@ def test_postinst_does_not_follow_a_planted_log_dir_link(chroot_root, deb):
         assert not log.is_symlink() and st.st_uid == 0 and st.st_mode & 0o7777 == 0o750
         [aside] = _aside(root)
         assert os.readlink(aside) == "/srv/victim"
-        assert f"nvhook: /var/log/nvhook was not a directory only root can write" in r.stderr
+        assert "nvhook: /var/log/nvhook was not a directory only root can write" in r.stderr
         assert f"moved to /var/log/{aside.name}" in r.stderr
         _purge(root)
         assert not log.exists() and target.is_dir()

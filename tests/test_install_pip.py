@@ -5,6 +5,7 @@ python-prctl, and the installed `nvhook`, `nvhook-hook` and `nvhook-runtime` run
 archive and PyPI are reached as a node reaches them.)"""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,8 +23,13 @@ def _readme_pip_commands() -> list[str]:
     return [c for c in cmds if c and " setup " not in c]
 
 
+HOST_CA = "/etc/ssl/certs/nvhook-test-host-ca.crt"   # in the root: the CA bundle this machine's pip trusts
+
+
 def _in_root(root: Path, cmd: str, cwd: str = "/", timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "HOME": "/root"}
+    if (root / HOST_CA.lstrip("/")).is_file():
+        env["PIP_CERT"] = HOST_CA
     return subprocess.run(["unshare", "-m", "-p", "-f", "--propagation", "private", "sh", "-c",
                            'mount -t proc proc "$0/proc" && exec chroot "$0" sh -c "cd $1 && $2"', str(root), cwd,
                            cmd], capture_output=True, text=True, timeout=timeout, env=env)
@@ -34,6 +40,11 @@ def test_readmes_pip_install_works_in_a_fresh_root(tmp_path, debian_root):
     assert cmds[0].startswith("apt-get install ") and cmds[-1].endswith("pip install .")
     root = debian_root("bookworm", tmp_path / "root")
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+    # PyPI as this machine reaches it (behind a proxy with its own CA, where there is one)
+    ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+    if ca and os.path.isfile(ca):
+        (root / HOST_CA.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ca, root / HOST_CA.lstrip("/"))
     src = root / "src/nvhook"
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for rel in files.decode().split("\0"):
