@@ -58,6 +58,7 @@ def test_readmes_pip_install_works_in_a_fresh_root(tmp_path, debian_root):
             cmd = cmd.replace("apt-get install ", "apt-get install -y -q ", 1)
         r = _in_root(root, cmd, cwd="/src/nvhook")
         assert r.returncode == 0, f"{cmd}: {r.stdout[-2000:]}{r.stderr[-2000:]}"
-    for prog in ("nvhook", "nvhook-hook", "nvhook-runtime"):
+    for prog, first in (("nvhook", f"nvhook {VERSION}"), ("nvhook-hook", f"nvhook {VERSION}"),
+                        ("nvhook-runtime", f"nvhook-runtime version {VERSION}")):   # then the runtime's
         r = _in_root(root, f"/opt/nvhook/bin/{prog} --version")
-        assert r.returncode == 0 and r.stdout.startswith(f"nvhook {VERSION}\n"), r.stdout + r.stderr
+        assert r.returncode == 0 and r.stdout.splitlines()[0] == first, r.stdout + r.stderr
