@@ -11,13 +11,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NATIVE_SRC := csrc/native.c csrc/native.h csrc/build_native.py setup.py pyproject.toml
 
-.PHONY: all deps venv demo test bench wheel deb bundle image clean
+.PHONY: all deps build-deps venv demo test bench wheel deb rpm repo bundle image clean
 all: venv
 
+# deps: the whole toolchain the tests and demos use (scripts/install-deps lists it).
+# build-deps: only what building nvhook and its packages needs.
+BUILD_DEPS := gcc libc6-dev gcc-multilib libcap-dev python3-venv python3-dev patchelf binutils git
 deps:
 	@sh scripts/install-deps
 
-$(VENV)/.installed: $(NATIVE_SRC)
+build-deps:
+	@sh scripts/install-deps $(BUILD_DEPS)
+
+$(VENV)/.installed: $(NATIVE_SRC) | build-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -52,13 +58,29 @@ bench: venv
 wheel: venv
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
-# The Debian package (packaging/build_deb.py): dist/nvhook_<version>_amd64.deb.
-deb: venv
+# The packages (packaging/build_deb.py, build_rpm.py: the bundle under
+# /usr/lib/nvhook/<version>, nothing of the node's needed): dist/nvhook_<version>_amd64.deb
+# and dist/nvhook-<version>-1.x86_64.rpm (the .deb's payload); `make repo`: signed apt and
+# rpm repositories of them in dist/repo (packaging/build_repo.py; the key in
+# dist/repo.key, made on first use, or GNUPGHOME=DIR). Each installs only what it needs.
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' libinject/__init__.py)
+DEB := dist/nvhook_$(VERSION)_amd64.deb
+RPM := dist/nvhook-$(VERSION)-1.x86_64.rpm
+deb: build-deps $(VENV)/.installed
 	$(PY) packaging/build_deb.py dist
+
+rpm: deb
+	@sh scripts/install-deps rpm
+	$(PY) packaging/build_rpm.py dist --from-deb $(DEB)
+
+repo: deb rpm
+	@sh scripts/install-deps gpg gpgv createrepo-c rpm
+	$(PY) packaging/build_repo.py dist/repo $(DEB) $(RPM) $(if $(GNUPGHOME),--gnupghome $(GNUPGHOME)) \
+		$(if $(REPO_URL),--url $(REPO_URL))
 
 # nvhook with its own Python and libraries for any node (packaging/build_bundle.py), and
 # the Kubernetes image that carries it (packaging/build_image.py).
-bundle: venv
+bundle: build-deps $(VENV)/.installed
 	$(PY) packaging/build_bundle.py dist
 
 image: venv

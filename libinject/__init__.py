@@ -1,4 +1,4 @@
 """libinject: discover a GPU host and inject it into containers."""
 
 # The one home of the version: pyproject.toml reads it (tool.setuptools.dynamic).
-__version__ = "0.1.0"
+__version__ = "0.2.0"

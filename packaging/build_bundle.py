@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_deb import fail, run, wheel_of_tree  # noqa: E402
+from common import fail, run, step, wheel_of_tree  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = "/usr/bin/python3.11"
@@ -68,8 +68,22 @@ def shared_libs(objects: list[Path], inside: Path) -> dict[str, str]:
     return libs
 
 
-def build(prefix: str, stage: Path, work: Path) -> None:
+def prebuilt_sim(site: Path) -> None:
+    """The built-in simulated GPU profiles' objects (libinject/sim/prebuilt), so `nvhook sim
+    create` builds them on a node without a compiler."""
+    step("compiling the simulated GPU's libraries (built-in profiles)")
+    dest = site / "libinject/sim/prebuilt"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from libinject.sim import build, profile\n"
+            "for n in profile.list_profiles(): build.build_artifacts(profile.load_profile(n))")
+    run([sys.executable, "-I", "-c", code, str(site)], env=dict(os.environ, NVHOOK_SIM_CACHE=str(dest)), timeout=900)
+    for marker in dest.glob("*.ok"):
+        marker.unlink()
+
+
+def build(prefix: str, stage: Path, work: Path, version: str | None = None) -> None:
+    """The bundle at stage/prefix; version: stamped into its nvhook (default: this tree's)."""
     dest = stage / prefix.lstrip("/")
+    step(f"copying the standard library into {prefix}")
     (dest / "bin").mkdir(parents=True)
     site = dest / "lib/python3.11/site-packages"
     # The standard library.
@@ -77,18 +91,21 @@ def build(prefix: str, stage: Path, work: Path) -> None:
                     ignore=lambda d, names: [n for n in names if n in STDLIB_SKIP or n.endswith(".pyc")])
     site.mkdir()
     # nvhook, its fronts and its dependencies.
-    wheel = wheel_of_tree(work)
+    wheel = wheel_of_tree(work, version)
+    step("installing nvhook and its dependencies (PyPI)")
     run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-warn-script-location",
          "--target", str(site), f"{wheel}[refresh]"], timeout=900)
     for front in ("nvhook-hook", "nvhook-runtime"):
         shutil.move(site / "bin" / front, dest / "bin" / front)
     shutil.rmtree(site / "bin")
+    prebuilt_sim(site)
     shutil.copy2(PYTHON, dest / "bin/python3.11")
     for link in ("python", "python3"):
         os.symlink("python3.11", dest / "bin" / link)
     (dest / "bin/nvhook").write_text(SCRIPT.format(prefix=prefix))
     os.chmod(dest / "bin/nvhook", 0o755)
     # The libraries, then the interpreter pointed at them.
+    step("copying the shared libraries, compiling bytecode")
     objects = [dest / "bin/python3.11", *dest.glob("lib/python3.11/lib-dynload/*.so"), *site.rglob("*.so")]
     for name, path in sorted(shared_libs(objects, dest).items()):
         shutil.copy2(path, dest / "lib" / name, follow_symlinks=True)
@@ -124,7 +141,8 @@ def main(argv: list[str]) -> int:
             work = Path(tmp)
             stage = work / "root"
             stage.mkdir(mode=0o755)
-            build(args.prefix, stage, work)
+            build(args.prefix, stage, work, args.version)
+            step("writing the tarball")
             tarball = out / f"nvhook-{args.version}-bundle.tar.gz"
             run(["tar", "-C", str(stage), "--owner=0", "--group=0", "--numeric-owner", "-czf", str(tarball),
                  args.prefix.lstrip("/")], timeout=900)

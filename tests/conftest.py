@@ -141,3 +141,68 @@ def server(hook_config, sockdir):
     yield s
     assert s.stop() == 0, s.log()
     assert not s.sock.exists()          # it removed its socket on the way out
+
+
+# ---------------------------------------------------------------- packages and node roots
+# Built once per session and shared: each package (make deb / make rpm), the served
+# repository, and one pristine Debian root per release (tests copy it).
+
+@pytest.fixture(scope="session")
+def deb_package(tmp_path_factory) -> Path:
+    """`make deb`: nvhook_<VERSION>_amd64.deb."""
+    from support import packaging
+
+    out = tmp_path_factory.mktemp("deb")
+    [deb] = packaging.build("build_deb.py", str(out))
+    assert deb == str(out / f"nvhook_{packaging.VERSION}_amd64.deb")
+    return Path(deb)
+
+
+@pytest.fixture(scope="session")
+def next_deb_package(tmp_path_factory) -> Path:
+    """The same tree as a later release (packaging.NEXT_VERSION), for upgrades."""
+    from support import packaging
+
+    out = tmp_path_factory.mktemp("deb-next")
+    [deb] = packaging.build("build_deb.py", str(out), "--version", packaging.NEXT_VERSION)
+    return Path(deb)
+
+
+@pytest.fixture(scope="session")
+def rpm_package(tmp_path_factory, deb_package) -> Path:
+    """`make rpm`: the .deb's payload as nvhook-<VERSION>-1.x86_64.rpm."""
+    from support import packaging
+
+    out = tmp_path_factory.mktemp("rpm")
+    [rpm] = packaging.build("build_rpm.py", str(out), "--from-deb", str(deb_package))
+    assert rpm == str(out / f"nvhook-{packaging.VERSION}-1.x86_64.rpm")
+    return Path(rpm)
+
+
+@pytest.fixture(scope="session")
+def package_repo(tmp_path_factory, deb_package, rpm_package):
+    """`make repo` of this release's packages, served on 127.0.0.1."""
+    from support import packaging
+
+    repo = packaging.Repo(tmp_path_factory.mktemp("pkgrepo"))
+    repo.publish(deb_package, rpm_package)
+    yield repo
+    repo.close()
+
+
+@pytest.fixture(scope="session")
+def debian_root(tmp_path_factory):
+    """debian_root(suite, dest) copies a pristine root of that Debian release (mmdebstrap,
+    made once per session: minbase with systemd and runc, what a GPU node has) to dest."""
+    from support import nspawn
+
+    made: dict[str, Path] = {}
+
+    def copy(suite: str, dest: Path) -> Path:
+        if suite not in made:
+            made[suite] = nspawn.debootstrap(tmp_path_factory.mktemp(f"debian-{suite}") / "root",
+                                             packages=nspawn.NODE_PACKAGES, suite=suite)
+        subprocess.run(["cp", "-a", "--reflink=auto", str(made[suite]), str(dest)], check=True, timeout=600)
+        return dest
+
+    return copy

@@ -113,14 +113,3 @@ def test_watch_links_a_node_that_appears_later(tmp_path, t4_host):
     finally:
         p.terminate()
         p.wait(timeout=30)
-
-
-def test_package_file_list_installs_rule_and_unit(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packaging"))
-    try:
-        import devchar_files
-    finally:
-        sys.path.pop(0)
-    assert devchar_files.install(tmp_path) == ["/usr/lib/udev/rules.d/71-nvhook-dev-char.rules",
-                                               "/usr/lib/systemd/system/nvhook-dev-char.service"]
-    assert "create-dev-char-symlinks --create-all" in (tmp_path / "usr/lib/udev/rules.d/71-nvhook-dev-char.rules").read_text()

@@ -14,7 +14,9 @@ The root also holds the host's glibc (lib/x86_64-linux-gnu) so `chroot ROOT
 /usr/bin/nvidia-smi` works, as it does on a real GPU host.
 
 C is compiled once per (sources, flags, driver version, arch) into a cache dir:
-$NVHOOK_SIM_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/nvhook/sim.
+$NVHOOK_SIM_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/nvhook/sim. An installed package
+carries the built-in profiles' objects prebuilt (sim/prebuilt, made by
+packaging/build_bundle.py), so a node without a compiler builds those hosts too.
 The host is built in a temp dir next to dest and renamed into place at the end, so a
 failure leaves nothing behind.
 """
@@ -37,7 +39,9 @@ from libinject.sim import profile as profmod
 from libinject.sim.profile import DRM_MAJOR, GpuSpec, LibSpec, Profile
 
 NATIVE = Path(__file__).resolve().parent / "native"
-CACHE_FORMAT = "4"   # bump when the compile recipe changes
+# Read-only objects a package ships, named as the cache names them.
+PREBUILT = Path(__file__).resolve().parent / "prebuilt"
+CACHE_FORMAT = "5"   # bump when the compile recipe changes
 CC = "gcc"
 CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
 ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
@@ -66,12 +70,19 @@ def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Pat
     h = hashlib.sha256(CACHE_FORMAT.encode())
     for name in sorted({*sources, "nvml.h", "nvml_sim.h"}):
         h.update(name.encode() + b"\0" + (NATIVE / name).read_bytes())
-    for part in (*flags, *(str(p) for p in link)):
+    # A linked object by its name (its own hash), not its dir: a prebuilt one names the same.
+    for part in (*flags, *(p.name for p in link)):
         h.update(b"\0" + part.encode())
+    name = f"{h.hexdigest()[:20]}-{out_name}"
+    if (PREBUILT / name).is_file():
+        return PREBUILT / name
     cdir = cache_dir()
-    out = cdir / f"{h.hexdigest()[:20]}-{out_name}"
+    out = cdir / name
     if out.exists():
         return out
+    if not shutil.which(CC):
+        raise NvhookError(f"simulated GPU: {out_name} is not among this install's prebuilt objects (built-in "
+                          f"profiles only) and building it needs {CC} (apt-get install gcc libc6-dev)")
     cdir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=cdir)
     os.close(fd)
@@ -157,7 +168,11 @@ def _m32_works() -> bool:
                                     '-DSIM_DRIVER_VERSION="0"', "-DSIM_CUDA_VERSION=0"], "m32-probe.so")
     except (NvhookError, OSError):
         return False
-    marker.touch()
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:   # a read-only home: probed again next time
+        pass
     return True
 
 

@@ -25,6 +25,8 @@ from typing import Sequence
 MMDEBSTRAP = shutil.which("mmdebstrap") or "/usr/bin/mmdebstrap"
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
 PACKAGES = "python3,systemd,systemd-sysv,dbus,runc"
+# A GPU node as a package sees it: systemd and a runtime, no Python, no compiler.
+NODE_PACKAGES = "systemd,systemd-sysv,dbus,runc"
 BOOT_TIMEOUT = 120
 # What booting and dpkg's own book-keeping change in a root, whatever is installed.
 NOISE = ("var/log/journal", "var/lib/systemd", "run", "tmp", "var/tmp",
@@ -123,6 +125,19 @@ class Machine:
         return subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "--",
                                "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *argv],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def journal_has(self, unit: str, pattern: str, wait: float = 30) -> str:
+        """unit's journal once a line matches pattern (journald takes a service's lines
+        asynchronously: the line of a start just served may not be in yet); what it holds
+        then, or at the deadline."""
+        import re
+
+        deadline = time.monotonic() + wait
+        while True:
+            text = self.run("journalctl", "-u", unit, "--no-pager", "-o", "cat").stdout
+            if re.search(pattern, text, re.M) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
 
     def popen(self, *argv: str, log: Path) -> subprocess.Popen:
         """argv inside the machine, in the background, its output to log."""

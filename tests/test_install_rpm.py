@@ -1,0 +1,79 @@
+"""nvhook's rpm (`make rpm`: packaging/build_rpm.py, the .deb's payload): it requires no
+distribution Python (nothing but /bin/sh for its scriptlets); installed with `rpm --root`
+into a fresh root its scriptlets run (the alternative, the default config, the log dir,
+the units enabled) and the install runs; its repository's metadata and the package verify
+against the repository's key; an erase takes back what the scriptlets did but the
+administrator's config.
+
+The fresh root is a Debian one (mmdebstrap; this machine builds no RHEL root): its rpm
+database is empty, so /bin/sh, which the root has, is in no rpm's provides (--nodeps).
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import nspawn, packaging
+
+VERSION = packaging.VERSION
+FRONT = "/usr/lib/nvhook/current/bin/nvhook-hook"
+
+
+def _rpm(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["rpm", "--root", str(root), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_it_requires_no_distribution_python(rpm_package):
+    reqs = subprocess.run(["rpm", "-qp", "--requires", str(rpm_package)], capture_output=True, text=True,
+                          check=True).stdout.split("\n")
+    assert {r for r in reqs if r and not r.startswith("rpmlib(")} == {"/bin/sh"}, reqs
+
+
+@pytest.fixture(scope="module")
+def rpm_root(tmp_path_factory, debian_root, rpm_package, package_repo):
+    root = debian_root("bookworm", tmp_path_factory.mktemp("rpmroot") / "root")
+    r = _rpm(root, "--import", str(package_repo.dir / "gpgkey"))
+    assert r.returncode == 0, r.stderr
+    r = _rpm(root, "-i", "--nodeps", str(package_repo.dir / "rpm" / rpm_package.name))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return root
+
+
+def test_its_scriptlets_ran_in_the_root(rpm_root):
+    root = rpm_root
+    assert (root / "etc/alternatives/nvidia-container-runtime-hook").readlink() == Path(FRONT)
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    assert (wants / "nvhook-serve.service").is_symlink() and (wants / "nvhook-cdi-refresh.service").is_symlink()
+    assert 'log-file = "/var/log/nvhook/hook.log"' in (root / "etc/nvidia-container-runtime/config.toml").read_text()
+    st = (root / "var/log/nvhook").lstat()
+    assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o750)
+    r = nspawn.chroot(root, "nvhook", "--version")
+    assert r.stdout == f"nvhook {VERSION}\n", r.stderr
+
+
+def test_the_repository_and_the_package_verify_against_its_key(rpm_root, package_repo, tmp_path):
+    rpmdir = package_repo.dir / "rpm"
+    r = subprocess.run(["gpgv", "--keyring", str(package_repo.dir / "nvhook.gpg"),
+                        str(rpmdir / "repodata/repomd.xml.asc"), str(rpmdir / "repodata/repomd.xml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    forged = tmp_path / "repomd.xml"
+    forged.write_bytes((rpmdir / "repodata/repomd.xml").read_bytes().replace(b"<revision>", b"<revision>1"))
+    r = subprocess.run(["gpgv", "--keyring", str(package_repo.dir / "nvhook.gpg"),
+                        str(rpmdir / "repodata/repomd.xml.asc"), str(forged)], capture_output=True, text=True)
+    assert r.returncode != 0
+    [rpm] = rpmdir.glob("*.rpm")
+    r = _rpm(rpm_root, "-K", str(rpm))
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("digests signatures OK"), r.stdout + r.stderr
+
+
+def test_an_erase_takes_back_what_the_scriptlets_did(rpm_root):
+    root = rpm_root
+    r = _rpm(root, "-e", "nvhook")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (root / "usr/lib/nvhook").exists() and not (root / "usr/bin/nvhook").exists()
+    assert not (root / "etc/alternatives/nvidia-container-runtime-hook").exists()
+    assert not (root / "etc/systemd/system/multi-user.target.wants/nvhook-serve.service").is_symlink()
+    assert (root / "etc/nvidia-container-runtime/config.toml").is_file()   # the administrator's, kept
