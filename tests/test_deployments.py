@@ -153,7 +153,8 @@ def _prestop(tmp_path: Path, answer: int) -> tuple[int, list[str]]:
     c = containers()["serve"]
     argv = c["lifecycle"]["preStop"]["exec"]["command"]
     assert argv[:2] == ["/bin/sh", "-c"]
-    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    # NVHOOK_VERSION: the image's ENV (packaging/build_image.py)
+    env = {e["name"]: e.get("value", "") for e in c["env"]} | {"NVHOOK_VERSION": "0.1.0"}
     image = tmp_path / "image"
     script = argv[2].replace("/usr/local/lib/nvhook/$NVHOOK_VERSION", f"{image}/$NVHOOK_VERSION")
     log = tmp_path / "log"
@@ -192,12 +193,30 @@ def test_prestop_asks_about_this_daemonset_on_this_node():
     assert f'"$POD_NAMESPACE/{daemonset()["metadata"]["name"]}"' in script
 
 
-def test_install_version_matches_the_env():
-    c = containers()["install"]
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert all(x["image"].endswith(":" + env["NVHOOK_VERSION"]) for x in containers().values())
-    # serve's preStop runs the image's own copy, at that version
-    assert {e["name"]: e.get("value") for e in containers()["serve"]["env"]}["NVHOOK_VERSION"] == env["NVHOOK_VERSION"]
+def rendered_images() -> set[str]:
+    """Every container's image as `kubectl apply -k` applies it (kubectl kustomize, offline)."""
+    out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    ds = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "DaemonSet")
+    p = ds["spec"]["template"]["spec"]
+    return {c["image"] for c in [*p["initContainers"], *p["containers"]]}
+
+
+def test_the_image_is_named_once_as_make_image_tags_it():
+    """One name and version (kustomization's `images:`), the one `make image` tags: the
+    manifests name the image without a tag, and no container sets NVHOOK_VERSION (the
+    image's ENV carries its own)."""
+    import sys
+    sys.path.insert(0, str(DEPLOY.parent.parent / "packaging"))
+    try:
+        from build_image import image_name
+    finally:
+        sys.path.pop(0)
+    from libinject import __version__
+    assert (rendered_images(), {c["image"] for c in containers().values()},
+            [e["name"] for c in containers().values() for e in c.get("env", []) if e["name"] == "NVHOOK_VERSION"]) == (
+        {f"{image_name()}:{__version__}"}, {"nvhook"}, [])
+    assert image_name() == "localhost/nvhook"
 
 
 def test_install_script_runs(tmp_path):

@@ -37,7 +37,7 @@ def podman():
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory, podman):
-    """Both image versions, from one mmdebstrap base."""
+    """Both image versions, as `make image` builds them."""
     work = tmp_path_factory.mktemp("images")
     build_images(work, podman.env(), (V1, V2))
     return work
