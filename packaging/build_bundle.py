@@ -38,8 +38,13 @@ PYTHON = "/usr/bin/python3.11"
 STDLIB = "/usr/lib/python3.11"
 LOADER = "ld-linux-x86-64.so.2"
 # Not for a hook's node: tests, GUI, the package installers, 2to3.
+# Nor for building C extensions (config-3.11-*: 33 MB of libpython .a), distutils.
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
-               "__pycache__", "dist-packages", "site-packages", "EXTERNALLY-MANAGED"}
+               "__pycache__", "dist-packages", "site-packages", "EXTERNALLY-MANAGED", "distutils"}
+# Extension modules nothing in nvhook imports, with the libraries only they need
+# (nis: Kerberos and libtirpc; _dbm: Berkeley DB; _curses, readline: terminals).
+DYNLOAD_SKIP = ("_test", "_ctypes_test", "xxlimited", "_xxsubinterpreters", "_xxtestfuzz", "nis.",
+                "_dbm.", "_curses", "readline.", "ossaudiodev.")
 SCRIPT = """#!{prefix}/bin/python3.11 -I
 # nvhook's CLI in this bundle: its own site-packages, whatever the node has.
 import os, sys
@@ -88,7 +93,9 @@ def build(prefix: str, stage: Path, work: Path, version: str | None = None) -> N
     site = dest / "lib/python3.11/site-packages"
     # The standard library.
     shutil.copytree(STDLIB, dest / "lib/python3.11", symlinks=False,
-                    ignore=lambda d, names: [n for n in names if n in STDLIB_SKIP or n.endswith(".pyc")])
+                    ignore=lambda d, names: [n for n in names if n in STDLIB_SKIP or n.endswith(".pyc")
+                                             or n.startswith("config-3.11-")
+                                             or (d.endswith("lib-dynload") and n.startswith(DYNLOAD_SKIP))])
     site.mkdir()
     # nvhook, its fronts and its dependencies.
     wheel = wheel_of_tree(work, version)
@@ -104,6 +111,8 @@ def build(prefix: str, stage: Path, work: Path, version: str | None = None) -> N
         os.symlink("python3.11", dest / "bin" / link)
     (dest / "bin/nvhook").write_text(SCRIPT.format(prefix=prefix))
     os.chmod(dest / "bin/nvhook", 0o755)
+    # The wheels' extension modules carry their debug symbols (PyYAML's: 2.7 MB of 3).
+    run(["strip", "--strip-unneeded", *map(str, site.rglob("*.so"))])
     # The libraries, then the interpreter pointed at them.
     step("copying the shared libraries, compiling bytecode")
     objects = [dest / "bin/python3.11", *dest.glob("lib/python3.11/lib-dynload/*.so"), *site.rglob("*.so")]
@@ -130,9 +139,9 @@ def main(argv: list[str]) -> int:
     args.prefix = args.prefix or f"/usr/local/lib/nvhook/{args.version}"
     if not args.prefix.startswith("/") or args.prefix.rstrip("/") != args.prefix or "//" in args.prefix:
         fail(f"--prefix must be an absolute path without a trailing /: {args.prefix}")
-    for tool in ("patchelf", "ldd"):
+    for tool in ("patchelf", "ldd", "strip"):
         if not shutil.which(tool):
-            fail(f"building the bundle needs {tool} (apt-get install patchelf libc-bin)")
+            fail(f"building the bundle needs {tool} (apt-get install patchelf libc-bin binutils)")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     old = os.umask(0o022)

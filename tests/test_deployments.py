@@ -5,6 +5,7 @@ only for serve's preStop (read-only RBAC), the commands it documents; the preSto
 script run for real (fake nvhook and nsenter) undoes only when told the DaemonSet left."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -152,7 +153,8 @@ def _prestop(tmp_path: Path, answer: int) -> tuple[int, list[str]]:
     c = containers()["serve"]
     argv = c["lifecycle"]["preStop"]["exec"]["command"]
     assert argv[:2] == ["/bin/sh", "-c"]
-    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    # NVHOOK_VERSION: the image's ENV (packaging/build_image.py)
+    env = {e["name"]: e.get("value", "") for e in c["env"]} | {"NVHOOK_VERSION": "0.1.0"}
     image = tmp_path / "image"
     script = argv[2].replace("/usr/local/lib/nvhook/$NVHOOK_VERSION", f"{image}/$NVHOOK_VERSION")
     log = tmp_path / "log"
@@ -191,12 +193,30 @@ def test_prestop_asks_about_this_daemonset_on_this_node():
     assert f'"$POD_NAMESPACE/{daemonset()["metadata"]["name"]}"' in script
 
 
-def test_install_version_matches_the_env():
-    c = containers()["install"]
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert all(x["image"].endswith(":" + env["NVHOOK_VERSION"]) for x in containers().values())
-    # serve's preStop runs the image's own copy, at that version
-    assert {e["name"]: e.get("value") for e in containers()["serve"]["env"]}["NVHOOK_VERSION"] == env["NVHOOK_VERSION"]
+def rendered_images() -> set[str]:
+    """Every container's image as `kubectl apply -k` applies it (kubectl kustomize, offline)."""
+    out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    ds = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "DaemonSet")
+    p = ds["spec"]["template"]["spec"]
+    return {c["image"] for c in [*p["initContainers"], *p["containers"]]}
+
+
+def test_the_image_is_named_once_as_make_image_tags_it():
+    """One name and version (kustomization's `images:`), the one `make image` tags: the
+    manifests name the image without a tag, and no container sets NVHOOK_VERSION (the
+    image's ENV carries its own)."""
+    import sys
+    sys.path.insert(0, str(DEPLOY.parent.parent / "packaging"))
+    try:
+        from build_image import image_name
+    finally:
+        sys.path.pop(0)
+    from libinject import __version__
+    assert (rendered_images(), {c["image"] for c in containers().values()},
+            [e["name"] for c in containers().values() for e in c.get("env", []) if e["name"] == "NVHOOK_VERSION"]) == (
+        {f"{image_name()}:{__version__}"}, {"nvhook"}, [])
+    assert image_name() == "localhost/nvhook"
 
 
 def test_install_script_runs(tmp_path):
@@ -226,3 +246,74 @@ def test_the_service_runs_under_a_memory_limit():
     assert containers()["serve"]["resources"]["limits"]["memory"] == "2Gi"
     unit = (DEPLOY.parent.parent / "libinject/setup/units/nvhook-serve.service").read_text().splitlines()
     assert "MemoryMax=2G" in unit and "OOMScoreAdjust=-500" in unit
+
+
+def install_script(image: Path, host: Path) -> str:
+    return containers()["install"]["command"][2].replace("/host/usr/local/lib/nvhook", str(host)) \
+                                                .replace("/usr/local/lib/nvhook/$v", str(image) + "/$v")
+
+
+def run_install_as_the_pod(script: str) -> subprocess.CompletedProcess:
+    # uid 0 with every capability dropped and no new privileges, as the pod's
+    # securityContext runs it.
+    return subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
+                           "/bin/sh", "-ec", script], capture_output=True, text=True,
+                          env={"NVHOOK_VERSION": "0.1.0", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture
+def world(tmp_path):
+    # A place the unprivileged user can reach (pytest's tmp is root's 0700).
+    import shutil
+    import tempfile
+    top = Path(tempfile.mkdtemp(prefix="nvhook-install-"))
+    top.chmod(0o755)
+    image = top / "image"
+    (image / "0.1.0/bin").mkdir(parents=True)
+    (image / "0.1.0/bin/nvhook").write_text("#!/bin/sh\necho image\n")
+    (image / "0.1.0/bin/nvhook").chmod(0o755)
+    yield top, image
+    shutil.rmtree(top)
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv], check=True)
+
+
+def test_install_refuses_a_version_dir_another_user_planted(world):
+    """Issue 32 item 3: the host dir is sticky and world-writable (/tmp-like); an
+    unprivileged user plants 0.1.0 before the pod runs. The install must not point
+    `current` (what the engines' hooks run as root) at it: one line, non-zero exit."""
+    top, image = world
+    host = top / "host"
+    host.mkdir()
+    host.chmod(0o1777)
+    as_nobody("mkdir", "-p", f"{host}/0.1.0/bin")
+    as_nobody("sh", "-c", f"printf '#!/bin/sh\\nid > /tmp/pwned\\n' > {host}/0.1.0/bin/nvhook; chmod 755 {host}/0.1.0/bin/nvhook")
+    r = run_install_as_the_pod(install_script(image, host))
+    assert (r.returncode, r.stderr.startswith(f"nvhook: {host}: "), len(r.stderr.splitlines()),
+            os.path.lexists(host / "current")) == (1, True, 1, False)
+
+
+def test_install_refuses_a_version_dir_it_did_not_write(world):
+    """A root-only host dir holding a 0.1.0 that is not the image's (a file another user
+    owns inside it, then a changed file): refused, `current` left as it was."""
+    top, image = world
+    host = top / "host"
+    host.mkdir()
+    r = run_install_as_the_pod(install_script(image, host))
+    assert (r.returncode, (host / "current").readlink().as_posix()) == (0, "0.1.0")
+    (host / "current").unlink()
+    os.chown(host / "0.1.0/bin/nvhook", 65534, 65534)
+    r = run_install_as_the_pod(install_script(image, host))
+    assert (r.returncode, r.stderr, os.path.lexists(host / "current")) == (
+        1, f"nvhook: {host}/0.1.0/bin/nvhook: not root's or writable by group/other; refusing to link current to {host}/0.1.0\n", False)
+    os.chown(host / "0.1.0/bin/nvhook", 0, 0)
+    (host / "0.1.0/bin/nvhook").write_text("#!/bin/sh\necho other\n")
+    r = run_install_as_the_pod(install_script(image, host))
+    assert (r.returncode, r.stderr.startswith(f"nvhook: {host}/0.1.0: differs from this image's 0.1.0"),
+            os.path.lexists(host / "current")) == (1, True, False)
+    (host / "0.1.0/bin/nvhook").write_text("#!/bin/sh\necho image\n")
+    r = run_install_as_the_pod(install_script(image, host))
+    assert (r.returncode, r.stderr, (host / "current").readlink().as_posix(), sorted(p.name for p in host.iterdir())) == (
+        0, "", "0.1.0", ["0.1.0", "current"])

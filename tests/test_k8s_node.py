@@ -1,5 +1,5 @@
 """The Kubernetes DaemonSet's pod, for real, on a node (issue 22): the image `make image`
-builds (packaging/build_image.py: a Debian root with the bundle), and a fresh Debian 12
+builds (packaging/build_image.py: the bundle, busybox, nsenter), and a fresh Debian 12
 root booted with systemd-nspawn standing as the node, with its own systemd, containerd
 1.6 (CRI on, a locally imported pause image) and runc, and no Python at all.
 
@@ -37,7 +37,7 @@ def podman():
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory, podman):
-    """Both image versions, from one mmdebstrap base."""
+    """Both image versions, as `make image` builds them."""
     work = tmp_path_factory.mktemp("images")
     build_images(work, podman.env(), (V1, V2))
     return work

@@ -54,20 +54,21 @@ def files_under(root: Path, tops: tuple[str, ...]) -> dict[str, bytes | str]:
 
 
 
-def build_images(work: Path, env: dict[str, str], versions: tuple[str, ...]) -> None:
-    """localhost/nvhook:<v> for each version, from one mmdebstrap base."""
-    base = work / "base.tar"
+def image_name() -> str:
+    """The name the manifests give the image (kustomization.yaml), the one `make image` tags."""
     sys.path.insert(0, str(REPO / "packaging"))
     try:
-        from build_image import MMDEBSTRAP
+        from build_image import image_name as name
     finally:
         sys.path.remove(str(REPO / "packaging"))
-    r = subprocess.run([*MMDEBSTRAP, str(base)], capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, r.stderr[-2000:]
+    return name()
+
+
+def build_images(work: Path, env: dict[str, str], versions: tuple[str, ...]) -> None:
+    """<the manifests' image name>:<v> for each version, as `make image` builds it."""
     for v in versions:
-        out = packaging.build("build_image.py", str(work), "--version", v, "--base", str(base),
-                              env=env, timeout=1800)
-        assert out[0] == f"localhost/nvhook:{v}"
+        out = packaging.build("build_image.py", str(work), "--version", v, env=env, timeout=1800)
+        assert out[0] == f"{image_name()}:{v}"
 
 
 class Node:
@@ -124,14 +125,14 @@ class Node:
     def install(self, podman, version: str) -> subprocess.CompletedProcess[str]:
         """The init container "install", in the image, its hostPath the node's install dir."""
         c = containers()["install"]
-        env = {e["name"]: e["value"] for e in c.get("env", [])} | {"NVHOOK_VERSION": version}
+        env = {e["name"]: e["value"] for e in c.get("env", [])}     # NVHOOK_VERSION: the image's
         host = self.root / INSTALL
         host.mkdir(parents=True, exist_ok=True)          # hostPath type DirectoryOrCreate
         [mount] = c["volumeMounts"]
         argv = [shutil.which("podman") or "/usr/bin/podman", "run", "--rm", "--pull=never", "--read-only",
                 "--cap-drop=all", "--security-opt=no-new-privileges", "--user=0", "--net=none",
                 "-v", f"{host}:{mount['mountPath']}", *[f"--env={k}={v}" for k, v in env.items()],
-                f"localhost/nvhook:{version}", *c["command"]]
+                f"{image_name()}:{version}", *c["command"]]
         return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=podman.env())
 
     def node_command(self, name: str) -> list[str]:
