@@ -80,6 +80,45 @@ def test_planted_link_at_node_is_refused_by_the_hook(tmp_path, host_without_uvm)
     assert os.readlink(host / "dev/nvidia-uvm") == str(victim)
 
 
+@pytest.mark.parametrize("what", ["file", "other-device", "fifo", "dir"])
+def test_anything_but_the_device_at_a_node_name_is_refused(fresh_sim_host, what):
+    """A regular file, another device (/dev/null's numbers: a container granted "nvidia-uvm"
+    would be given it), a FIFO or a directory at a node's name: refused, left as it is."""
+    host = fresh_sim_host("t4x1", name=f"kmods-{what}")
+    node = host / "dev/nvidia-uvm"
+    node.unlink()
+    if what == "file":
+        node.write_text("planted\n")
+    elif what == "other-device":
+        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
+    elif what == "fifo":
+        os.mkfifo(node)
+    else:
+        node.mkdir()
+    before = os.lstat(node)
+    with pytest.raises(NvhookError, match=f"load-kmods: {node}: exists and is not character device "
+                                          f"{_majors(host)['nvidia-uvm']}:0; not replaced"):
+        devnodes.create_nodes(str(host))
+    after = os.lstat(node)
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+    assert not [n for n in os.listdir(host / "dev") if n.startswith(".nvhook-")]
+
+
+def test_planted_link_as_caps_dir_is_not_followed(tmp_path, fresh_sim_host):
+    """dev/nvidia-caps a link (to a dir another user owns): no cap node is made through it."""
+    host = fresh_sim_host("h100x8-mig", name="kmods-capslink")
+    for n in os.listdir(host / "dev/nvidia-caps"):
+        (host / "dev/nvidia-caps" / n).unlink()
+    (host / "dev/nvidia-caps").rmdir()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    (host / "dev/nvidia-caps").symlink_to(theirs)
+    with pytest.raises(NvhookError, match=r"dev/nvidia-caps: not a directory \(a link is not followed\)"):
+        devnodes.create_nodes(str(host))
+    assert os.listdir(theirs) == []
+
+
 def test_planted_link_as_dev_dir_is_not_followed(tmp_path, fresh_sim_host):
     host = fresh_sim_host("t4x1", name="kmods-linkdir")
     elsewhere = tmp_path / "elsewhere"

@@ -6,8 +6,8 @@ devices by /dev/char/MAJ:MIN; NVIDIA's nodes are made by the driver (or nvhook's
 load-kmods), not udev, so they lack those links, systemd drops them from the rebuilt
 device cgroup, and running containers get NVML "Unknown Error".
 
-The links' dir is opened by fd, never through a link, and must be root's alone; a name
-already there is left as it is.
+The links' dir, and the dirs of the nodes they name, are opened by fd, never through a
+link, and must be root's alone; a name already there is left as it is.
 """
 from __future__ import annotations
 
@@ -20,25 +20,55 @@ NODE_PREFIXES = ("nvidia",)
 
 
 def nodes(dev_root: str) -> list[tuple[str, int, int]]:
-    """(path, major, minor) of NVIDIA's character nodes under dev_root/dev (and dev/nvidia-caps)."""
+    """(path, major, minor) of NVIDIA's character nodes under dev_root/dev (and dev/nvidia-caps).
+
+    A link names its node by path, and systemd resolves it to whatever device is there
+    when it re-applies DeviceAllow=: so nodes are listed only in dirs reached by fd without
+    a link and root's alone (anyone who could write there could swap in another device)."""
     out: list[tuple[str, int, int]] = []
-    for sub in ("dev", "dev/nvidia-caps"):
-        d = os.path.join(dev_root, sub)
+    root = os.open(dev_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # trusted (driver root)
+    try:
+        dev = _open_nodedir(root, "dev", os.path.join(dev_root, "dev"))
+        if dev is None:
+            return out
         try:
-            names = sorted(os.listdir(d))
-        except OSError:
-            continue
-        for name in names:
-            if not name.startswith(NODE_PREFIXES):
-                continue
-            path = os.path.join(d, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISCHR(st.st_mode):
-                out.append((os.path.normpath(path), os.major(st.st_rdev), os.minor(st.st_rdev)))
+            caps = _open_nodedir(dev, "nvidia-caps", os.path.join(dev_root, "dev/nvidia-caps"))
+            for sub, dfd in (("dev", dev), ("dev/nvidia-caps", caps)):
+                if dfd is None:
+                    continue
+                for name in sorted(os.listdir(dfd)):
+                    if not name.startswith(NODE_PREFIXES):
+                        continue
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISCHR(st.st_mode):
+                        out.append((os.path.normpath(os.path.join(dev_root, sub, name)),
+                                    os.major(st.st_rdev), os.minor(st.st_rdev)))
+            if caps is not None:
+                os.close(caps)
+        finally:
+            os.close(dev)
+    finally:
+        os.close(root)
     return out
+
+
+def _open_nodedir(parent: int, name: str, path: str) -> int | None:
+    """A dir of device nodes by fd (None: there is none), never through a link, root's alone."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise NvhookError(f"{path}: not a directory (a link is not followed): {e.strerror}") from None
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        os.close(fd)
+        raise NvhookError(f"{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                          "not root's alone, no link is made to a node there")
+    return fd
 
 
 def _open_chardir(path: str, create: bool) -> int:
