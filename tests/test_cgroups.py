@@ -15,7 +15,7 @@ import pytest
 from libinject.apply import bpf as bd
 from libinject.linux import mountinfo
 from libinject.linux import native as n
-from libinject.apply.cgroups import (allow_devices, cgroup_mounts, create_dev_char_links,
+from libinject.apply.cgroups import (allow_devices, cgroup_mounts,
                                      find_cgroup_dirs, proc_cgroups, v1_hierarchy)
 from libinject.plan.edits import CgroupRule
 from libinject.errors import NvhookError
@@ -465,17 +465,3 @@ def test_allow_block_falls_through_and_keeps_r1():
     # loads, with an exit appended (the verifier rejects falling off the end)
     fd = n.bpf_prog_load(n.BPF_PROG_TYPE_CGROUP_DEVICE, block + bd.insn(0xb4) + bd.insn(0x95))
     os.close(fd)
-
-
-def test_dev_char_links(tmp_path):
-    dev = tmp_path / "dev"
-    dev.mkdir()
-    (dev / "nvidia0").touch()
-    (dev / "char").mkdir()
-    os.symlink("../somewhere", dev / "char/195:1")
-    made = create_dev_char_links([("/dev/nvidia0", 195, 0), ("/dev/nvidia1", 195, 1)],
-                                 dev_root=str(dev))
-    assert made == [dev / "char/195:0"]
-    assert os.readlink(dev / "char/195:0") == "../nvidia0"
-    assert (dev / "char/195:0").resolve() == dev / "nvidia0"
-    assert os.readlink(dev / "char/195:1") == "../somewhere"

@@ -508,26 +508,3 @@ def allow_devices(pid: int, rules: Sequence[CgroupRule], *, proc_root: str = "/p
             pass   # report the first failure, not the rollback's
         raise
     return undo
-
-
-def create_dev_char_links(nodes: Iterable[tuple[str, int, int]], *,
-                          dev_root: str = "/dev") -> list[Path]:
-    """Create `<dev_root>/char/MAJ:MIN -> ../<node>` for host device nodes that lack one
-    (as `nvidia-ctk system create-dev-char-symlinks` does): systemd's cgroup driver
-    re-applies DeviceAllow=/dev/char/MAJ:MIN rules on daemon-reload and drops devices
-    it cannot resolve, taking GPUs away from running containers. Returns created links;
-    existing entries are left alone."""
-    from pathlib import Path   # not needed on the hook's path
-
-    made = []
-    chardir = Path(dev_root) / "char"
-    chardir.mkdir(mode=0o755, exist_ok=True)
-    for node, major, minor in nodes:
-        link = chardir / f"{major}:{minor}"
-        if os.path.lexists(link):
-            continue
-        rel = os.path.relpath(os.path.join(dev_root, node.removeprefix("/dev/").lstrip("/")),
-                              chardir)
-        os.symlink(rel, link)
-        made.append(link)
-    return made
