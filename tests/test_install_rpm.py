@@ -3,13 +3,16 @@ distribution Python (nothing but /bin/sh for its scriptlets); installed with `rp
 into a fresh root its scriptlets run (the alternative, the default config, the log dir,
 the units enabled) and the install runs; its repository's metadata and the package verify
 against the repository's key; an erase takes back what the scriptlets did but the
-administrator's config.
+administrator's config. Its %post against a log dir a second user planted (issue 32).
 
 The fresh root is a Debian one (mmdebstrap; this machine builds no RHEL root): its rpm
 database is empty, so /bin/sh, which the root has, is in no rpm's provides (--nodeps).
 """
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -77,3 +80,75 @@ def test_an_erase_takes_back_what_the_scriptlets_did(rpm_root):
     assert not (root / "etc/alternatives/nvidia-container-runtime-hook").exists()
     assert not (root / "etc/systemd/system/multi-user.target.wants/nvhook-serve.service").is_symlink()
     assert (root / "etc/nvidia-container-runtime/config.toml").is_file()   # the administrator's, kept
+
+
+# ------------------------------------------------- the scriptlets against a planted log dir
+# %post is the .deb's postinst: it makes /var/log/nvhook, which every start then writes as
+# root. Here /var/log is Ubuntu's (root:syslog 0775; a log shipper's group), the planter a
+# real second user of that group (nobody:nogroup) working inside the root, and the install
+# the real `rpm --root` (its scriptlets chrooted into the root).
+
+@pytest.fixture(scope="module")
+def planted_root(tmp_path_factory, debian_root, package_repo):
+    root = debian_root("bookworm", tmp_path_factory.mktemp("rpmplant") / "root")
+    os.chown(root / "var/log", 0, 65534)
+    os.chmod(root / "var/log", 0o775)
+    return root
+
+
+def _as_nobody(root: Path, script: str) -> None:
+    r = subprocess.run(["chroot", "--userspec=65534:65534", str(root), "sh", "-ec", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def _aside(root: Path) -> list[Path]:
+    return sorted((root / "var/log").glob("nvhook.untrusted.*"))
+
+
+def _install(root: Path, package_repo, rpm_package) -> subprocess.CompletedProcess[str]:
+    return _rpm(root, "-i", "--nodeps", str(package_repo.dir / "rpm" / rpm_package.name))
+
+
+def _clean(root: Path) -> None:
+    _rpm(root, "-e", "nvhook")
+    for p in [*_aside(root), root / "var/log/nvhook", root / "var/lib/nvhook", root / "srv/victim"]:
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.exists():
+            shutil.rmtree(p)
+
+
+def test_post_does_not_follow_a_log_dir_link_another_user_planted(planted_root, package_repo, rpm_package):
+    root = planted_root
+    victim = root / "srv/victim"
+    victim.mkdir()
+    os.chmod(victim, 0o755)
+    _as_nobody(root, "ln -s /srv/victim /var/log/nvhook")
+    try:
+        r = _install(root, package_repo, rpm_package)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert os.stat(victim).st_mode & 0o7777 == 0o755 and list(victim.iterdir()) == []
+        log = root / "var/log/nvhook"
+        st = os.lstat(log)
+        assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_mode & 0o7777) == (0, 0o750)
+        [aside] = _aside(root)
+        assert os.readlink(aside) == "/srv/victim" and os.lstat(aside).st_uid == 65534
+        assert "nvhook: /var/log/nvhook was not a directory only root can write" in r.stderr, r.stderr
+    finally:
+        _clean(root)
+
+
+def test_post_does_not_adopt_a_log_dir_another_user_made(planted_root, package_repo, rpm_package):
+    root = planted_root
+    _as_nobody(root, "mkdir -m 0777 /var/log/nvhook; echo theirs > /var/log/nvhook/hook.log")
+    log = root / "var/log/nvhook"
+    try:
+        r = _install(root, package_repo, rpm_package)
+        assert r.returncode == 0, r.stdout + r.stderr
+        st = os.lstat(log)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o750) and list(log.iterdir()) == []
+        [aside] = _aside(root)
+        assert (aside / "hook.log").read_text() == "theirs\n" and os.stat(aside).st_uid == 65534
+    finally:
+        _clean(root)
