@@ -12,7 +12,9 @@ NVIDIA's are (one flat repository per format, one key):
 The key: the secret key in --gnupghome DIR (default OUT.key/, where a new RSA key is
 generated on first use and kept, so later repositories are signed by the same key).
 That directory must be the builder's own and closed to others (mode 0700), as gpg's
-secret key is whoever can write there's to replace.
+secret key is whoever can write there's to replace, and every directory above it root's
+or the builder's and not writable by others (unless sticky), as whoever could rename
+entries there could swap the directory gpg is handed.
 
 Usage: python packaging/build_repo.py OUT PACKAGE... [--gnupghome DIR] [--url URL]
 """
@@ -38,12 +40,22 @@ GPG = ["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase
 
 
 def _home(path: Path) -> Path:
-    """The key's GNUPGHOME: made here (0700), or an existing one that is ours and closed."""
+    """The key's GNUPGHOME: made here (0700), or an existing one that is ours and closed,
+    under directories nobody else can rename it in (gpg takes a path: a directory another
+    user could write above it would let them swap in, between this check and gpg's use, a
+    link to any other 0700 directory of ours, such as our own ~/.gnupg)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(os.path.realpath(path.parent)) / path.name   # gpg is handed this one, no link above
+    for above in reversed(path.parents):
+        st = os.lstat(above)
+        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX):
+            fail(f"{above}: above the signing key's directory, owned by uid {st.st_uid} with mode "
+                 f"{stat.S_IMODE(st.st_mode):o}: another user could swap the key directory there")
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        path.mkdir(mode=0o700, parents=True)
-        return path
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass                            # an existing one (or one made meanwhile): checked as such
+    st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         fail(f"{path}: the signing key's directory must be a directory of this user's, mode 0700 "
              f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}{', a link' if stat.S_ISLNK(st.st_mode) else ''})")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -194,6 +196,50 @@ def test_a_key_dir_others_can_write_is_refused(tmp_path, deb_package):
                             str(deb_package), "--gnupghome", str(home)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.startswith(f"nvhook: {home}: the signing key's directory must be")
         assert len(r.stderr.splitlines()) == 1 and not out.exists() and list(home.iterdir()) == []
+
+
+def test_a_key_dir_another_user_could_swap_is_refused(tmp_path):
+    """The key dir in a directory another user can write (not sticky): gpg is handed a path,
+    so between the builder's checks and gpg's use they can move it aside and put there a link
+    to another 0700 directory of the builder's (here the builder's own keyring): the
+    repository would be signed with, and would publish, that key. The race is won on
+    purpose: a gpg first on PATH lets the other user (nobody) move before gpg runs."""
+    shared = Path(tempfile.mkdtemp(prefix="nvhkey", dir="/tmp"))
+    personal = tmp_path / "personal"
+    personal.mkdir(mode=0o700)
+    try:
+        shared.chmod(0o777)
+        subprocess.run(["gpg", "--homedir", str(personal), "--batch", "--quiet", "--passphrase", "",
+                        "--quick-gen-key", "builder's own <me@localhost>", "ed25519", "sign", "0"],
+                       check=True, capture_output=True, timeout=120)
+        pkg = tmp_path / "pkg"
+        (pkg / "DEBIAN").mkdir(parents=True)
+        (pkg / "DEBIAN/control").write_text("Package: tiny\nVersion: 1\nArchitecture: all\n"
+                                            "Maintainer: t <t@localhost>\nDescription: t\n")
+        subprocess.run(["dpkg-deb", "-Zgzip", "--build", str(pkg), str(tmp_path / "tiny.deb")], check=True,
+                       capture_output=True, timeout=60)
+        bindir, moved = tmp_path / "bin", tmp_path / "moved"
+        bindir.mkdir()
+        (bindir / "gpg").write_text(
+            f"#!/bin/sh\nif [ ! -e {moved} ]; then : > {moved}\n"
+            f"  setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "
+            f"'mv {shared}/key {shared}/old && ln -s {personal} {shared}/key'\nfi\n"
+            f"exec {shutil.which('gpg')} \"$@\"\n")
+        (bindir / "gpg").chmod(0o755)
+        out = tmp_path / "repo"
+        r = subprocess.run([str(REPO / ".venv/bin/python"), str(REPO / "packaging/build_repo.py"), str(out),
+                            str(tmp_path / "tiny.deb"), "--gnupghome", str(shared / "key")],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"})
+        assert not (out / "nvhook.gpg").exists()       # no key published, no Release signed
+        assert r.returncode == 1 and r.stderr == (
+            f"nvhook: {shared}: above the signing key's directory, owned by uid 0 with mode 777: "
+            "another user could swap the key directory there\n"), r.stderr
+        assert not moved.exists() and os.listdir(shared) == []
+    finally:
+        for home in (personal, shared / "key"):
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_sim_create_without_a_compiler_or_prebuilt_objects_says_so_in_one_line(tmp_path):
