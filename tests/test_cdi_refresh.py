@@ -95,6 +95,37 @@ def test_refresh_on_a_host_without_gpus_removes_the_spec(tmp_path, config, host)
     assert (r.returncode, r.stderr) == (1, "nvhook: no GPUs found: a CDI spec needs at least one device\n")
 
 
+def test_removing_the_spec_follows_no_link_a_writer_of_run_planted(tmp_path, config, host):
+    """The spec dir is in the host's /run, which others may write (here a second user,
+    nobody, owns the stand-in for it): after a refresh they make `cdi` a link to the
+    administrator's spec dir; when the GPUs go, the refresh that removes its spec must not
+    remove the administrator's through that link."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="nvhcdirun", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        run_dir, etc = top / "run", top / "etc-cdi"
+        run_dir.mkdir()
+        etc.mkdir()
+        os.chown(run_dir, 65534, 65534)
+        (run_dir / "cdi").mkdir()
+        out = run_dir / "cdi/nvidia.yaml"
+        assert refresh(config, host, out).returncode == 0
+        (etc / "nvidia.yaml").write_text("the administrator's spec\n")
+        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-ec",
+                        f"mv {run_dir}/cdi {run_dir}/old; ln -s {etc} {run_dir}/cdi"],
+                       check=True, capture_output=True, timeout=60)
+        for minor in range(8):
+            GpuAway(host, minor, tmp_path)
+        r = refresh(config, host, out)
+        assert (etc / "nvidia.yaml").read_text() == "the administrator's spec\n"
+        assert (r.returncode, r.stderr) == (1, f"nvhook: cannot remove {out}: Not a directory\n"), r.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_refresh_rewarms_the_discovery_snapshot(tmp_path, config, host):
     """After a change, the snapshot discovery left is the one for the host as it is now."""
     from libinject import config as C

@@ -320,9 +320,17 @@ class Refresher:
         return True
 
     def _remove(self) -> bool:
-        """Remove the spec file; False if there was none."""
+        """Remove the spec file; False if there was none. Through its directory's fd,
+        opened as the write opens it (no link followed there: a writer of the host's /run
+        who made /var/run/cdi a link would otherwise have another dir's spec removed)."""
+        from libinject.linux import atomic
+
         try:
-            os.unlink(self.output)
+            dfd = atomic.open_dir(os.path.dirname(self.output))
+            try:
+                os.unlink(os.path.basename(self.output), dir_fd=dfd)
+            finally:
+                os.close(dfd)
         except FileNotFoundError:
             return False
         except OSError as e:
