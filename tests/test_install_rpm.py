@@ -84,15 +84,17 @@ def test_an_erase_takes_back_what_the_scriptlets_did(rpm_root):
 
 # ------------------------------------------------- the scriptlets against a planted log dir
 # %post is the .deb's postinst: it makes /var/log/nvhook, which every start then writes as
-# root. Here /var/log is Ubuntu's (root:syslog 0775; a log shipper's group), the planter a
-# real second user of that group (nobody:nogroup) working inside the root, and the install
-# the real `rpm --root` (its scriptlets chrooted into the root).
+# root, and /var/lib/nvhook (keys, its marks). Here /var/log is Ubuntu's (root:syslog 0775;
+# a log shipper's group) and /var/lib as open (standing in for a container given the host's
+# /var/lib), the planter a real second user of that group (nobody:nogroup) working inside
+# the root, and the install the real `rpm --root` (its scriptlets chrooted into the root).
 
 @pytest.fixture(scope="module")
 def planted_root(tmp_path_factory, debian_root, package_repo):
     root = debian_root("bookworm", tmp_path_factory.mktemp("rpmplant") / "root")
-    os.chown(root / "var/log", 0, 65534)
-    os.chmod(root / "var/log", 0o775)
+    for d in ("var/log", "var/lib"):
+        os.chown(root / d, 0, 65534)
+        os.chmod(root / d, 0o775)
     return root
 
 
@@ -102,8 +104,8 @@ def _as_nobody(root: Path, script: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def _aside(root: Path) -> list[Path]:
-    return sorted((root / "var/log").glob("nvhook.untrusted.*"))
+def _aside(root: Path, under: str = "var/log") -> list[Path]:
+    return sorted((root / under).glob("nvhook.untrusted.*"))
 
 
 def _install(root: Path, package_repo, rpm_package) -> subprocess.CompletedProcess[str]:
@@ -112,7 +114,8 @@ def _install(root: Path, package_repo, rpm_package) -> subprocess.CompletedProce
 
 def _clean(root: Path) -> None:
     _rpm(root, "-e", "nvhook")
-    for p in [*_aside(root), root / "var/log/nvhook", root / "var/lib/nvhook", root / "srv/victim"]:
+    for p in [*_aside(root), *_aside(root, "var/lib"), root / "var/log/nvhook", root / "var/lib/nvhook", root / "srv/victim",
+              root / "etc/nvidia-container-runtime/config.toml"]:
         if p.is_symlink() or p.is_file():
             p.unlink()
         elif p.exists():
@@ -150,5 +153,26 @@ def test_post_does_not_adopt_a_log_dir_another_user_made(planted_root, package_r
         assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o750) and list(log.iterdir()) == []
         [aside] = _aside(root)
         assert (aside / "hook.log").read_text() == "theirs\n" and os.stat(aside).st_uid == 65534
+    finally:
+        _clean(root)
+
+
+def test_post_does_not_follow_a_state_dir_link_another_user_planted(planted_root, package_repo, rpm_package):
+    """/var/lib/nvhook a link to a root-only dir: the old `install -d` chmod'ed it open and
+    the package's marks were written into it."""
+    root = planted_root
+    victim = root / "srv/victim"
+    victim.mkdir(mode=0o700)
+    _as_nobody(root, "ln -s /srv/victim /var/lib/nvhook")
+    try:
+        r = _install(root, package_repo, rpm_package)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert os.stat(victim).st_mode & 0o7777 == 0o700 and list(victim.iterdir()) == []
+        st = os.lstat(root / "var/lib/nvhook")
+        assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_mode & 0o7777) == (0, 0o755)
+        assert (root / "var/lib/nvhook/package-config").is_file()
+        [aside] = _aside(root, "var/lib")
+        assert os.readlink(aside) == "/srv/victim" and os.lstat(aside).st_uid == 65534
+        assert "nvhook: /var/lib/nvhook was not a directory only root can write" in r.stderr, r.stderr
     finally:
         _clean(root)

@@ -183,6 +183,18 @@ def test_the_apt_repository_is_signed_by_its_key(package_repo, tmp_path):
     assert r.returncode != 0
 
 
+def test_only_the_public_key_is_published_and_the_secret_stays_closed(package_repo):
+    for name in ("nvhook.gpg", "gpgkey"):
+        r = subprocess.run(["gpg", "--list-packets", str(package_repo.dir / name)], capture_output=True, text=True)
+        kinds = re.findall(r"^:(\w[\w ]*?) packet:", r.stdout, re.M)
+        assert "public key" in kinds and not [k for k in kinds if "secret" in k], (name, kinds)
+    home = package_repo.key
+    assert os.stat(home).st_mode & 0o777 == 0o700
+    keys = list((home / "private-keys-v1.d").iterdir())
+    assert keys and all(os.stat(k).st_mode & 0o077 == 0 and os.stat(k).st_uid == os.geteuid() for k in keys)
+    assert not list(package_repo.dir.rglob("*.key")) and not list(package_repo.dir.rglob("private-keys*"))
+
+
 def test_a_key_dir_others_can_write_is_refused(tmp_path, deb_package):
     """The signing key's GNUPGHOME: a directory another user owns or can write would let
     them put their key in (or read ours); the builder refuses it and writes nothing."""
