@@ -228,10 +228,12 @@ class Systemd:
         return line
 
     def _auth(self) -> None:
-        self._send(b"\0AUTH EXTERNAL " + str(os.geteuid()).encode().hex().encode() + b"\r\n")
+        # BEGIN in the same write as AUTH, as sd-bus's own client sends it: systemd 252's
+        # server leaves a message that arrives in one read with BEGIN unprocessed until
+        # more input comes, so the first call must follow systemd's OK.
+        self._send(b"\0AUTH EXTERNAL " + str(os.geteuid()).encode().hex().encode() + b"\r\nBEGIN\r\n")
         if not self._line().startswith(b"OK "):
             raise NvhookError("systemd refused the connection")
-        self._send(b"BEGIN\r\n")
 
     def _message(self) -> bytes:
         while len(self.inbuf) < 16:
