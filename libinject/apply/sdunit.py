@@ -114,10 +114,14 @@ def keep_across_reload(pid: int, rules: Sequence[CgroupRule], undo: cgroups.Undo
         if why is not None:
             return f"systemd: {unit} not told of the devices: {why}"
         with sdbus.Systemd(time.monotonic() + timeout, socket_path) as sd:
-            holder = sd.unit_by_pid(pid)
-            if holder != sdbus.unit_object_path(unit):
-                return (f"systemd: {unit} not told of the devices: systemd has pid {pid} in "
-                        f"{holder.rsplit('/', 1)[-1]}")
+            try:
+                holder = sd.unit_by_pid(pid).rsplit("/", 1)[-1]
+            except sdbus.BusError as e:
+                if e.name != "org.freedesktop.systemd1.NoUnitForPID":
+                    raise
+                holder = "no unit"
+            if holder != sdbus.unit_object_path(unit).rsplit("/", 1)[-1]:
+                return f"systemd: {unit} not told of the devices: systemd has pid {pid} in {holder}"
             sd.allow_devices(unit, entries)
     except (NvhookError, OSError) as e:
         why = str(e) if isinstance(e, NvhookError) else f"{e.filename}: {e.strerror or e}"
