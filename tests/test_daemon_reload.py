@@ -69,8 +69,7 @@ def in_unit(m: nspawn.Machine, *argv: str) -> subprocess.CompletedProcess[str]:
 def start(m: nspawn.Machine, name: str, *, systemd: bool, cgroups_path: str, gpu: str | None,
           binds: dict[str, str]) -> None:
     """A detached runc container `name` (sleep), binds: container path -> machine node."""
-    base = Path(m.root.parent) / "bundles" / name   # (node_root's base: bound at /bundles)
-    bundle = base
+    bundle = m.root.parent / "bundles" / name       # (node_root's base: bundles bound at /bundles)
     bundle.mkdir()
     subprocess.run(["cp", "-a", str(m.root.parent / "rootfs"), str(bundle / "rootfs")], check=True)
     subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True, capture_output=True)
@@ -123,12 +122,13 @@ def test_the_gpu_stays_across_a_daemon_reload(machine):
     paths = ("/dev/nvidia1", "/dev/nvidiactl", "/dev/other0")
     want = {"/dev/nvidia1": "ENXIO", "/dev/nvidiactl": "ENXIO", "/dev/other0": "EPERM"}
     assert verdicts(m, "gpu", *paths) == want
+    reload(m)
+    assert verdicts(m, "gpu", *paths) == want          # (before nvhook told systemd: all EPERM)
     allow = device_allow(m, "runc-gpu.scope")
     assert "/dev/char/195:1 rw" in allow and "/dev/char/195:255 rw" in allow, allow
     assert not any(a.startswith("/dev/char/195:0 ") for a in allow), allow
-    assert "systemd: runc-gpu.scope DeviceAllow= " in hook_log(m, "gpu")
-    reload(m)
-    assert verdicts(m, "gpu", *paths) == want          # (before nvhook told systemd: all EPERM)
+    assert "systemd: runc-gpu.scope DeviceAllow= /dev/char/195:255 /dev/char/235:0 /dev/char/235:1 " \
+           "/dev/char/195:1 (kept across daemon-reload)" in hook_log(m, "gpu")
 
 
 @pytest.fixture(scope="module")

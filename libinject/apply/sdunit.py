@@ -25,12 +25,10 @@ container still has its devices until a reload.
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from libinject.apply import cgroups
 from libinject.errors import NvhookError
-from libinject.linux import sdbus
 from libinject.linux.files import read_bounded
 
 TYPE_CHECKING = False
@@ -40,8 +38,14 @@ if TYPE_CHECKING:
     from libinject.plan.edits import CgroupRule
 
 TIMEOUT = 2.0      # seconds for the whole exchange: a start waits at most this
-# systemd's unit name characters (unit_name_is_valid), a scope, at most 256 in all
-_SCOPE = re.compile(r"[A-Za-z0-9:_.\\-]{1,250}\.scope")
+# systemd's unit name characters (unit_name_is_valid); no `re` on the hook's path (~8 ms)
+_UNIT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:-_.\\")
+
+
+def _is_scope_name(name: str) -> bool:
+    """A scope's name as systemd forms them: its characters, at most 256 in all."""
+    return (name.endswith(".scope") and 6 < len(name) <= 256 and name != "init.scope"
+            and all(c in _UNIT_CHARS for c in name))
 
 
 def scope_of(text: str) -> str | None:
@@ -57,9 +61,7 @@ def scope_of(text: str) -> str | None:
     leaf = path.rstrip("/").rsplit("/", 1)[-1]
     if leaf.startswith("_"):          # systemd's cgroup escape (cg_escape) of a unit name
         leaf = leaf[1:]
-    if not _SCOPE.fullmatch(leaf) or leaf == "init.scope":
-        return None
-    return leaf
+    return leaf if _is_scope_name(leaf) else None
 
 
 def device_entries(rules: Sequence[CgroupRule]) -> list[tuple[str, str]]:
@@ -97,7 +99,7 @@ def _only_container(pid: int, cgdir: str, proc_root: str) -> str | None:
 
 def keep_across_reload(pid: int, rules: Sequence[CgroupRule], undo: cgroups.Undo, *,
                        proc_root: str = "/proc", timeout: float = TIMEOUT,
-                       socket_path: str = sdbus.PRIVATE) -> str | None:
+                       socket_path: str = "/run/systemd/private") -> str | None:
     """After cgroups.allow_devices(pid, rules) changed pid's cgroup (undo says where):
     add rules to the DeviceAllow= of the systemd scope holding pid. Never raises; returns
     a line for the log (None: not a systemd scope, nothing to say)."""
@@ -110,6 +112,8 @@ def keep_across_reload(pid: int, rules: Sequence[CgroupRule], undo: cgroups.Undo
         unit = scope_of(data.decode(errors="replace"))
         if unit is None:
             return None
+        from libinject.linux import sdbus    # (only where there is a scope: socket's import)
+
         why = _only_container(pid, cgdir, proc_root)
         if why is not None:
             return f"systemd: {unit} not told of the devices: {why}"

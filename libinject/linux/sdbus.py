@@ -20,6 +20,10 @@ import time
 
 from libinject.errors import NvhookError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
 PRIVATE = "/run/systemd/private"
 MANAGER_PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
@@ -60,7 +64,7 @@ class _Writer:
         data = v.encode()
         self.buf += bytes([len(data)]) + data + b"\0"
 
-    def array(self, elem_align: int, write_items) -> None:
+    def array(self, elem_align: int, write_items: Callable[[], None]) -> None:
         self.u32(0)
         at = len(self.buf) - 4
         self.align(elem_align)       # the length does not count this padding
