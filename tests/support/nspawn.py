@@ -100,17 +100,27 @@ def _make_cgroup(path: Path) -> None:
             (path / f).write_text((path.parent / f).read_text())
 
 
-def _rm_cgroup(path: Path) -> None:
-    for top, dirs, _files in os.walk(path, topdown=False):
-        for d in dirs:
-            try:
-                os.rmdir(os.path.join(top, d))
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
+def _rm_cgroup(path: Path, wait: float = 10) -> None:
+    """Remove cgroup path and what is below it; processes the machine's end killed may
+    still be leaving (a pid namespace's last ones go after its init), so retry a while."""
+    deadline = time.monotonic() + wait
+    while True:
+        for top, dirs, _files in os.walk(path, topdown=False):
+            for d in dirs:
+                try:
+                    os.rmdir(os.path.join(top, d))
+                except OSError:
+                    pass
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+            continue
+        return
 
 
 class Machine:
@@ -196,7 +206,8 @@ class Machine:
                 self.proc.kill()
                 self.proc.wait(30)
         self.log.close()
-        for cg in self.cgroups:
+        # (nspawn mirrors the unified path in a hybrid host's name=systemd hierarchy)
+        for cg in {*self.cgroups, V1_ROOT / "systemd" / self.cgroup.name}:
             _rm_cgroup(cg)
 
     def __enter__(self) -> Machine:
