@@ -55,6 +55,8 @@ def machine(request, node_root, a100_host):
         m.run("truncate", "-s", "0", "/var/log/nvhook/hook.log")     # this boot's lines only
         yield m
     finally:
+        # the containers go before the machine, as on a node (runc's own clean-up)
+        in_unit(m, "sh", "-c", "runc --systemd-cgroup delete -f gpu victim; runc delete -f evil1 evil2")
         m.stop()
         subprocess.run(["rm", "-rf", str(base / "bundles")], check=True)
         (base / "bundles").mkdir()

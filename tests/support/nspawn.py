@@ -100,27 +100,28 @@ def _make_cgroup(path: Path) -> None:
             (path / f).write_text((path.parent / f).read_text())
 
 
-def _rm_cgroup(path: Path, wait: float = 10) -> None:
-    """Remove cgroup path and what is below it; processes the machine's end killed may
-    still be leaving (a pid namespace's last ones go after its init), so retry a while."""
+def _rm_cgroups(paths: list[Path], wait: float = 10) -> None:
+    """Remove the cgroups paths and what is below them; processes the machine's end
+    killed may still be leaving (a pid namespace's last ones go after its init), so
+    retry a while, all of them within one deadline."""
     deadline = time.monotonic() + wait
-    while True:
-        for top, dirs, _files in os.walk(path, topdown=False):
-            for d in dirs:
-                try:
-                    os.rmdir(os.path.join(top, d))
-                except OSError:
-                    pass
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
+    left = [p for p in paths if p.exists()]
+    while left:
+        for path in left:
+            for top, dirs, _files in os.walk(path, topdown=False):
+                for d in dirs:
+                    try:
+                        os.rmdir(os.path.join(top, d))
+                    except OSError:
+                        pass
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+        left = [p for p in left if p.exists()]
+        if not left or time.monotonic() > deadline:
             return
-        except OSError:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.2)
-            continue
-        return
+        time.sleep(0.2)
 
 
 class Machine:
@@ -207,8 +208,7 @@ class Machine:
                 self.proc.wait(30)
         self.log.close()
         # (nspawn mirrors the unified path in a hybrid host's name=systemd hierarchy)
-        for cg in {*self.cgroups, V1_ROOT / "systemd" / self.cgroup.name}:
-            _rm_cgroup(cg)
+        _rm_cgroups([*self.cgroups, V1_ROOT / "systemd" / self.cgroup.name])
 
     def __enter__(self) -> Machine:
         return self
