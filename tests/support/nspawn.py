@@ -100,7 +100,7 @@ def _make_cgroup(path: Path) -> None:
             (path / f).write_text((path.parent / f).read_text())
 
 
-def _rm_cgroups(paths: list[Path], wait: float = 10) -> None:
+def _rm_cgroups(paths: list[Path], wait: float = 30) -> None:
     """Remove the cgroups paths and what is below them; processes the machine's end
     killed may still be leaving (a pid namespace's last ones go after its init), so
     retry a while, all of them within one deadline."""
