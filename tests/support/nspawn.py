@@ -100,10 +100,11 @@ def _make_cgroup(path: Path) -> None:
             (path / f).write_text((path.parent / f).read_text())
 
 
-def _rm_cgroups(paths: list[Path], wait: float = 30) -> None:
+def _rm_cgroups(paths: list[Path], wait: float = 5) -> None:
     """Remove the cgroups paths and what is below them; processes the machine's end
     killed may still be leaving (a pid namespace's last ones go after its init), so
-    retry a while, all of them within one deadline."""
+    retry a while, all of them within one deadline. (A v1 machine's runc containers'
+    cgroups can stay busy longer than that: they are left, empty, for later.)"""
     deadline = time.monotonic() + wait
     left = [p for p in paths if p.exists()]
     while left:
