@@ -203,6 +203,8 @@ def test_cgroup_rules_via_parent(rootfs, tmp_path, container, monkeypatch, no_le
     calls, undone = [], []
 
     class Undo:
+        v1_dir = v2_dir = None     # nothing written: no systemd scope to tell
+
         def undo(self):
             undone.append(True)
 

@@ -315,7 +315,7 @@ def _allow_v1_at(dfd: int, where: str, rules: Sequence[CgroupRule], undo: Undo,
 
 
 # -- cgroup v1, our own cgroup: through a private mount ---------------------------------
-def _is_self(pid: int, proc_root: str) -> bool:
+def is_self(pid: int, proc_root: str) -> bool:
     """Whether pid is this process, as proc_root counts pids (oci_state.container_pid
     gives a createContainer hook its own pid so)."""
     try:
@@ -490,7 +490,7 @@ def allow_devices(pid: int, rules: Sequence[CgroupRule], *, proc_root: str = "/p
     undo = Undo()
     if not rules:
         return undo
-    own = _is_self(pid, proc_root)
+    own = is_self(pid, proc_root)
     own_text = _read_cgroups(pid, proc_root) if own else ""
     # our own cgroup: v1 below, never through the mounts we see (module docstring)
     v1, v2 = find_cgroup_dirs(pid, proc_root=proc_root, v1_too=not own)

@@ -409,6 +409,13 @@ def _cgroups_then_commit(tx: _Transaction, edits: ContainerEdits, pid: int | Non
             except Exception:  # noqa: BLE001 - the original error is the one to show
                 pass
         raise
+    if undo is not None:
+        # Committed: a systemd scope's DeviceAllow= too, so a daemon-reload keeps them
+        # (after the commit: an entry there cannot be taken back alone). Never fails.
+        from libinject.apply import sdunit
+        note = sdunit.keep_across_reload(pid, edits.cgroup_rules, undo)  # type: ignore[arg-type]
+        if note:
+            notes.append(note)
 
 
 def _error_line(e: Exception) -> str:

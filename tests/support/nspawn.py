@@ -12,6 +12,14 @@ runtime has it. keyctl stays refused unless asked for (syscalls="bpf @keyring": 
 started by containerd fails without it; nvhook's service, started by the root's systemd,
 goes on without a session keyring of its own). Commands run inside through
 nsenter into the container's PID 1.
+
+cgroup="v1" boots the root on this host's own layout instead (hybrid: the v1 controllers,
+devices among them, with systemd tracking units on the unified hierarchy), as a cgroup v1
+node runs: nspawn is started in fresh cgroups of every hierarchy (the root of the
+machine's cgroup namespace), and since nspawn mounts the v1 controllers read-only
+inside (systemd there would then leave them alone and runc could not make its cgroups),
+PID 1 is a shell that remounts them writable (the bind mount only: the superblock is
+rw) and execs systemd.
 """
 from __future__ import annotations
 
@@ -69,34 +77,79 @@ def _unified() -> Path:
     raise RuntimeError("no cgroup2 hierarchy mounted")
 
 
-def _rm_cgroup(path: Path) -> None:
-    for top, dirs, _files in os.walk(path, topdown=False):
-        for d in dirs:
+V1_ROOT = Path("/sys/fs/cgroup")
+# PID 1 of a v1 machine: the controllers writable, then systemd (as --boot would start it).
+V1_INIT = ('for d in /sys/fs/cgroup/*/; do mount -o remount,bind,rw "$d" || exit 1; done; '
+           'exec /lib/systemd/systemd')
+
+
+def _v1_hierarchies() -> list[Path]:
+    """The v1 hierarchies mounted under /sys/fs/cgroup (links, as cpu -> cpu,cpuacct, skipped)."""
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _src, mnt, fstype = line.split()[:3]
+        if fstype == "cgroup" and Path(mnt).parent == V1_ROOT:
+            out.append(Path(mnt))
+    return out
+
+
+def _make_cgroup(path: Path) -> None:
+    path.mkdir()
+    if (path / "cpuset.cpus").exists():     # an empty cpuset takes no task
+        for f in ("cpuset.cpus", "cpuset.mems"):
+            (path / f).write_text((path.parent / f).read_text())
+
+
+def _rm_cgroups(paths: list[Path], wait: float = 5) -> None:
+    """Remove the cgroups paths and what is below them; processes the machine's end
+    killed may still be leaving (a pid namespace's last ones go after its init), so
+    retry a while, all of them within one deadline. (A v1 machine's runc containers'
+    cgroups can stay busy longer than that: they are left, empty, for later.)"""
+    deadline = time.monotonic() + wait
+    left = [p for p in paths if p.exists()]
+    while left:
+        for path in left:
+            for top, dirs, _files in os.walk(path, topdown=False):
+                for d in dirs:
+                    try:
+                        os.rmdir(os.path.join(top, d))
+                    except OSError:
+                        pass
             try:
-                os.rmdir(os.path.join(top, d))
+                os.rmdir(path)
             except OSError:
                 pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
+        left = [p for p in left if p.exists()]
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 class Machine:
     """root booted with systemd-nspawn (binds: (host path, path inside))."""
 
-    def __init__(self, root: Path, binds: Sequence[tuple[Path | str, str]] = (), syscalls: str = "bpf") -> None:
+    def __init__(self, root: Path, binds: Sequence[tuple[Path | str, str]] = (), syscalls: str = "bpf",
+                 cgroup: str = "v2") -> None:
+        assert cgroup in ("v2", "v1")
         self.root = root
-        self.cgroup = _unified() / f"nvhook-test-{os.getpid()}-{time.monotonic_ns()}"
-        self.cgroup.mkdir()
-        argv = [NSPAWN, "-q", "-D", str(root), "--boot", "--register=no", "--keep-unit", "--console=pipe",
+        name = f"nvhook-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.cgroup = _unified() / name
+        self.cgroups = [self.cgroup] + ([h / name for h in _v1_hierarchies()] if cgroup == "v1" else [])
+        for cg in self.cgroups:
+            _make_cgroup(cg)
+        boot = ["--boot"] if cgroup == "v2" else ["/bin/sh", "-c", V1_INIT]
+        argv = [NSPAWN, "-q", "-D", str(root), "--register=no", "--keep-unit", "--console=pipe",
                 "--capability=all", f"--system-call-filter={syscalls}",
-                *[f"--bind={host}:{inside}" for host, inside in binds]]
+                *[f"--bind={host}:{inside}" for host, inside in binds], *boot]
         self.log = open(root.parent / f"{root.name}.nspawn.log", "wb")
-        env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
-        self.proc = subprocess.Popen(["sh", "-c", f'echo $$ > "{self.cgroup}/cgroup.procs" && exec "$@"',
-                                      "sh", *argv], stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env)
+        env = dict(os.environ)
+        if cgroup == "v2":
+            env["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY"] = "1"
+        else:
+            env.pop("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", None)     # the host's layout: hybrid
+        join = " && ".join(f'echo $$ > "{cg}/cgroup.procs"' for cg in self.cgroups)
+        self.proc = subprocess.Popen(["sh", "-c", f'{join} && exec "$@"', "sh", *argv], stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         try:
             self.pid1 = self._wait_boot()
         except BaseException:
@@ -155,7 +208,8 @@ class Machine:
                 self.proc.kill()
                 self.proc.wait(30)
         self.log.close()
-        _rm_cgroup(self.cgroup)
+        # (nspawn mirrors the unified path in a hybrid host's name=systemd hierarchy)
+        _rm_cgroups([*self.cgroups, V1_ROOT / "systemd" / self.cgroup.name])
 
     def __enter__(self) -> Machine:
         return self

@@ -15,6 +15,7 @@ PRELOAD = (
     "libinject.discover.ldcache", "libinject.discover.libraries", "libinject.plan.select", "libinject.plan.require",
     "libinject.plan.procfs", "libinject.plan.planner", "libinject.apply.rootfs", "libinject.apply.ldconfig",
     "libinject.apply.live", "libinject.apply.cgroups", "libinject.apply.bpf",
+    "libinject.apply.sdunit", "libinject.linux.sdbus", "socket",   # (a systemd scope's DeviceAllow=)
     "libinject.log", "libinject.linux.safedir", "libinject.request.user", "libinject.discover.options",
     "libinject.runtime.hook", "libinject.constants", "libinject.linux.child",
     "libinject.discover.decode", "libinject.discover.procfs", "libinject.discover.graphics",
