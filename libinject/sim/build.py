@@ -512,9 +512,9 @@ def _install_devices(root: Path, prof: Profile) -> None:
                 _mknod(caps / f"nvidia-cap{n}", prof.caps_major, n, 0o444)
 
 
-def _install_procfs(root: Path, prof: Profile, mach: machmod.Machine) -> None:
+def _install_procfs(root: Path, prof: Profile) -> None:
     proc = root / "proc/driver/nvidia"
-    _write(proc / "version", _version_file(prof, mach), 0o444)
+    _write(proc / "version", _version_file(prof, machmod.native()), 0o444)
     _write(proc / "params", PARAMS, 0o444)
     _write(proc / "registry", 'Binary: ""\n', 0o444)
     for g in prof.gpus:
@@ -573,7 +573,7 @@ def _build(root: Path, prof: Profile) -> None:
         _write(root / f"lib/firmware/nvidia/{prof.driver_version}/{fw}",
                f"nvhook simulated GSP firmware {fw} for driver {prof.driver_version}\n")
     _install_devices(root, prof)
-    _install_procfs(root, prof, mach)
+    _install_procfs(root, prof)
     _install_sysfs(root, prof)
     if prof.graphics:
         _install_graphics(root, prof, modules, mach)
