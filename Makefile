@@ -70,7 +70,7 @@ ARCH ?= amd64
 RPM_ARCH := $(if $(filter arm64,$(ARCH)),aarch64,x86_64)
 DEB := dist/nvhook_$(VERSION)_$(ARCH).deb
 RPM := dist/nvhook-$(VERSION)-1.$(RPM_ARCH).rpm
-CROSS_DEPS := clang binutils-aarch64-linux-gnu libc6-dev-arm64-cross libgcc-12-dev-arm64-cross mmdebstrap arch-test
+CROSS_DEPS := clang binutils-aarch64-linux-gnu libc6-dev-arm64-cross libgcc-12-dev-arm64-cross mmdebstrap
 cross-deps:
 	@$(if $(filter amd64,$(ARCH)),true,sh scripts/install-deps $(CROSS_DEPS))
 

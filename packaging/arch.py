@@ -57,8 +57,7 @@ ARCHES = {
 }
 # The tools a cross build needs, and the Debian packages that have them.
 CROSS_TOOLS = {"clang": "clang", "aarch64-linux-gnu-ld": "binutils-aarch64-linux-gnu",
-               "aarch64-linux-gnu-strip": "binutils-aarch64-linux-gnu", "mmdebstrap": "mmdebstrap",
-               "arch-test": "arch-test"}
+               "aarch64-linux-gnu-strip": "binutils-aarch64-linux-gnu", "mmdebstrap": "mmdebstrap"}
 CROSS_FILES = {"/usr/aarch64-linux-gnu/lib/libc.a": "libc6-dev-arm64-cross",
                "/usr/lib/gcc-cross/aarch64-linux-gnu/12/crtbeginT.o": "libgcc-12-dev-arm64-cross"}
 
@@ -124,13 +123,6 @@ def _dev_libs(arch: Arch, root: Path) -> Path:
             if not (libc / lib.name).exists():
                 os.symlink(lib.resolve(), out / lib.name)
     return out
-
-
-def elf_machine(path: Path) -> int:
-    """e_machine of an ELF file (62: x86-64, 183: aarch64)."""
-    with open(path, "rb") as f:
-        head = f.read(20)
-    return int.from_bytes(head[18:20], "little")
 
 
 def needed(path: Path) -> list[str]:

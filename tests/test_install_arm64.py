@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,7 +138,29 @@ def test_configure_dry_run_plans_the_arm64_library_dir(root, sim):
     (ctr / "etc/debian_version").write_text("12.0\n")
     out = _ok(root, "nvhook", "--root", sim, "configure", "--dry-run", "--compute", "--utility",
               "--device", "0", "/ctr")
-    lib = f"/usr/lib/aarch64-linux-gnu/libcuda.so.550.163.01"
+    lib = "/usr/lib/aarch64-linux-gnu/libcuda.so.550.163.01"
     assert f"library  {lib} <- {sim}{lib} [ro,nosuid,nodev,bind]" in out.splitlines(), out
     assert "x86_64" not in out
     assert sorted(os.listdir(ctr)) == ["etc"]      # a dry run changes nothing
+
+
+def _build_deb_fails(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    r = subprocess.run([sys.executable, str(packaging.REPO / "packaging/build_deb.py"), str(tmp_path), *args],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1 and r.stdout == "" and list(tmp_path.iterdir()) == []
+    return r.stderr
+
+
+def test_an_unknown_arch_is_one_line(tmp_path):
+    assert _build_deb_fails(tmp_path, "--arch", "sparc") == "nvhook: --arch must be one of amd64, arm64: 'sparc'\n"
+
+
+def test_a_missing_cross_tool_is_named_with_its_package(tmp_path):
+    """Without the cross tools on PATH (an empty one), the build names their packages."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    err = _build_deb_fails(out, "--arch", "arm64", env=dict(os.environ, PATH=str(empty)))
+    assert err == ("nvhook: building for arm64 needs binutils-aarch64-linux-gnu, clang, mmdebstrap "
+                   "(apt-get install binutils-aarch64-linux-gnu clang mmdebstrap)\n")
