@@ -59,7 +59,7 @@ sys.exit(main())
 """
 
 
-def shared_libs(objects: list[Path], inside: Path, loader: str) -> dict[str, str]:
+def shared_libs(objects: list[Path], inside: Path, loader: str = archmod.ARCHES["amd64"].loader) -> dict[str, str]:
     """SONAME -> host path of every library the objects need (ldd), but those in `inside`."""
     libs: dict[str, str] = {}
     for obj in objects:
