@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NATIVE_SRC := csrc/native.c csrc/native.h csrc/build_native.py setup.py pyproject.toml
 
-.PHONY: all deps build-deps venv demo test bench wheel deb rpm repo bundle image clean
+.PHONY: all deps build-deps cross-deps venv demo test bench wheel deb rpm repo bundle image clean
 all: venv
 
 # deps: the whole toolchain the tests and demos use (scripts/install-deps lists it).
@@ -60,14 +60,22 @@ wheel: venv
 
 # The packages (packaging/build_deb.py, build_rpm.py: the bundle under
 # /usr/lib/nvhook/<version>, nothing of the node's needed): dist/nvhook_<version>_amd64.deb
-# and dist/nvhook-<version>-1.x86_64.rpm (the .deb's payload); `make repo`: signed apt and
+# and dist/nvhook-<version>-1.x86_64.rpm (the .deb's payload); ARCH=arm64: the arm64 ones,
+# cross-built from Debian 12's arm64 packages (packaging/arch.py: clang for aarch64, as
+# gcc-aarch64-linux-gnu cannot be installed beside gcc-multilib); `make repo`: signed apt and
 # rpm repositories of them in dist/repo (packaging/build_repo.py; the key in
 # dist/repo.key, made on first use, or GNUPGHOME=DIR). Each installs only what it needs.
 VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' libinject/__init__.py)
-DEB := dist/nvhook_$(VERSION)_amd64.deb
-RPM := dist/nvhook-$(VERSION)-1.x86_64.rpm
-deb: build-deps $(VENV)/.installed
-	$(PY) packaging/build_deb.py dist
+ARCH ?= amd64
+RPM_ARCH := $(if $(filter arm64,$(ARCH)),aarch64,x86_64)
+DEB := dist/nvhook_$(VERSION)_$(ARCH).deb
+RPM := dist/nvhook-$(VERSION)-1.$(RPM_ARCH).rpm
+CROSS_DEPS := clang binutils-aarch64-linux-gnu libc6-dev-arm64-cross libgcc-12-dev-arm64-cross mmdebstrap
+cross-deps:
+	@$(if $(filter amd64,$(ARCH)),true,sh scripts/install-deps $(CROSS_DEPS))
+
+deb: build-deps cross-deps $(VENV)/.installed
+	$(PY) packaging/build_deb.py dist --arch $(ARCH)
 
 rpm: deb
 	@sh scripts/install-deps rpm
@@ -80,8 +88,8 @@ repo: deb rpm
 
 # nvhook with its own Python and libraries for any node (packaging/build_bundle.py), and
 # the Kubernetes image that carries it (packaging/build_image.py).
-bundle: build-deps $(VENV)/.installed
-	$(PY) packaging/build_bundle.py dist
+bundle: build-deps cross-deps $(VENV)/.installed
+	$(PY) packaging/build_bundle.py dist --arch $(ARCH)
 
 image: venv
 	$(PY) packaging/build_image.py dist

@@ -5,6 +5,7 @@ puts it, so these fronts are built to find the Python beside them and that envir
 site-packages (NVHOOK_RELATIVE, csrc/pyexec.h): an environment moved or copied whole runs
 its own code. `make venv` builds its own over them, bound to the checkout (editable)."""
 import os
+import shlex
 import subprocess
 
 from setuptools import Distribution, setup
@@ -21,14 +22,14 @@ class build_fronts(build_scripts):
 
     def run(self) -> None:
         os.makedirs(self.build_dir, exist_ok=True)
-        cc = os.environ.get("CC", "cc")
+        cc = shlex.split(os.environ.get("CC", "cc"))     # as distutils splits it ("clang --target=...")
         for src, name in FRONTS.items():
             out = os.path.join(self.build_dir, name)
             try:
-                r = subprocess.run([cc, "-O2", "-Wall", "-static", "-DNVHOOK_RELATIVE", "-o", out, src],
+                r = subprocess.run([*cc, "-O2", "-Wall", "-static", "-DNVHOOK_RELATIVE", "-o", out, src],
                                    capture_output=True, text=True)
             except FileNotFoundError:
-                raise SystemExit(f"nvhook: building {name} needs a C compiler ({cc}): "
+                raise SystemExit(f"nvhook: building {name} needs a C compiler ({cc[0]}): "
                                  "apt-get install gcc libc6-dev") from None
             if r.returncode != 0:
                 lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

@@ -43,10 +43,11 @@ def check_version(v: str) -> str:
     return v
 
 
-def wheel_of_tree(work: Path, version: str | None = None) -> Path:
+def wheel_of_tree(work: Path, version: str | None = None, env: dict[str, str] | None = None) -> Path:
     """This tree's wheel (with its static fronts), built in work/ from a copy of the tracked
     files: no build dirs left in the checkout. version: stamped into the copy's
-    libinject.__version__ (a test's second release)."""
+    libinject.__version__ (a test's second release); env: the build's (arch.cross_env:
+    another machine's wheel)."""
     dist, src = work / "dist", work / "src"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for rel in tracked.decode().split("\0"):
@@ -58,6 +59,6 @@ def wheel_of_tree(work: Path, version: str | None = None) -> Path:
         init.write_text(re.sub(r'(?m)^__version__ = ".*"$', f'__version__ = "{version}"', init.read_text()))
     step("building the wheel (the static fronts compile here)")
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
-         str(src)], timeout=900)
+         str(src)], timeout=900, env=env)
     [wheel] = dist.glob("nvhook-*.whl")
     return wheel

@@ -18,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import arch as archmod
 from build_bundle import build as build_bundle
 from common import HERE, REPO
 
@@ -46,9 +47,9 @@ def _units(stage: Path) -> None:
         (dest / unit).write_bytes(text)
 
 
-def stage_tree(stage: Path, work: Path, version: str) -> None:
-    """The installed tree (module doc) under stage."""
-    build_bundle(f"{LIBDIR}/{version}", stage, work, version=version)
+def stage_tree(stage: Path, work: Path, version: str, arch: archmod.Arch = archmod.ARCHES["amd64"]) -> None:
+    """The installed tree (module doc) under stage, for arch's nodes."""
+    build_bundle(f"{LIBDIR}/{version}", stage, work, version=version, arch=arch)
     os.symlink(version, stage / CURRENT.lstrip("/"))
     # 0.1.0's program dir, which engine configs it set up name (packaging/deb/preinst).
     os.symlink("current/bin", stage / LIBDIR.lstrip("/") / "bin")

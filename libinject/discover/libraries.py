@@ -363,6 +363,11 @@ def could_find(root: str, version: str, libs, entries: list[ldcache.Entry]) -> b
 # --- the container's side: where an image wants driver libraries -------------------------
 
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+# The multiarch dirs by the host's machine (libnvidia-container's USR_LIB_MULTIARCH_DIR
+# and USR_LIB32_MULTIARCH_DIR, which it builds per architecture): an arm64 node's
+# containers run arm64 images.
+MULTIARCH_LIB_DIRS = {"x86_64": DEBIAN_LIB_DIRS,
+                      "aarch64": ("/usr/lib/aarch64-linux-gnu", "/usr/lib/arm-linux-gnueabihf")}
 RPM_LIB_DIRS = ("/usr/lib64", "/usr/lib")
 
 
@@ -380,18 +385,43 @@ def _exists_in_root(rootfs: str, path: str) -> bool:
     try:
         fd = openat2(rfd, path.lstrip("/"), os.O_PATH | os.O_CLOEXEC,
                      native.RESOLVE_IN_ROOT | native.RESOLVE_NO_MAGICLINKS)
-    except OSError:
-        return False
+    except OSError as e:
+        return e.errno == errno.ENOSYS and _exists_without_links(rfd, path)
     finally:
         os.close(rfd)
     os.close(fd)
     return True
 
 
+def _exists_without_links(rfd: int, path: str) -> bool:
+    """_exists_in_root where there is no openat2 (qemu-user before 9.1 running an arm64
+    root; Linux before 5.6): component by component with O_NOFOLLOW, a link or ".." on
+    the way counting as absent, so nothing outside the rootfs is ever looked at (an
+    image's /etc/debian_version and /usr/lib/<triplet> are no links)."""
+    fd = os.dup(rfd)
+    try:
+        for part in path.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                return False
+            nfd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                return False
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def container_lib_dirs(rootfs: str) -> tuple[str, str]:
     """(lib_dir, lib32_dir) for the image's distro, for the planner: Debian-like images
-    (have /etc/debian_version or /usr/lib/x86_64-linux-gnu) use the multiarch dirs,
-    others /usr/lib64 and /usr/lib."""
-    if _exists_in_root(rootfs, "/etc/debian_version") or _exists_in_root(rootfs, DEBIAN_LIB_DIRS[0]):
-        return DEBIAN_LIB_DIRS
+    (have /etc/debian_version or /usr/lib/x86_64-linux-gnu) use the multiarch dirs of
+    the host's machine (x86_64 where it is another), others /usr/lib64 and /usr/lib."""
+    dirs = MULTIARCH_LIB_DIRS.get(os.uname().machine, DEBIAN_LIB_DIRS)
+    if _exists_in_root(rootfs, "/etc/debian_version") or _exists_in_root(rootfs, dirs[0]):
+        return dirs
     return RPM_LIB_DIRS

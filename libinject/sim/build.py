@@ -11,12 +11,15 @@ on a real host), and an etc/ld.so.cache made by `ldconfig -r`. A graphics profil
 the loaders' files (EGL, GBM, Vulkan ICD and layer, X), the X driver modules and DRM
 nodes; its libGLX_nvidia is a Vulkan ICD that lists the GPUs of /proc/driver/nvidia.
 The root also holds the host's glibc (lib/x86_64-linux-gnu) so `chroot ROOT
-/usr/bin/nvidia-smi` works, as it does on a real GPU host.
+/usr/bin/nvidia-smi` works, as it does on a real GPU host. The host's architecture
+(x86_64 or aarch64, libinject.sim.machine) says the multiarch dirs; an x86_64 host also
+gets the i386 libraries where its compiler builds them (gcc-multilib).
 
 C is compiled once per (sources, flags, driver version, arch) into a cache dir:
 $NVHOOK_SIM_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/nvhook/sim. An installed package
 carries the built-in profiles' objects prebuilt (sim/prebuilt, made by
-packaging/build_bundle.py), so a node without a compiler builds those hosts too.
+packaging/build_bundle.py, cross-compiled for an arm64 package: build_artifacts' cc),
+so a node without a compiler builds those hosts too.
 The host is built in a temp dir next to dest and renamed into place at the end, so a
 failure leaves nothing behind.
 """
@@ -35,16 +38,19 @@ from pathlib import Path
 
 from libinject.errors import NvhookError
 from libinject.record import asdict
+from libinject.sim import machine as machmod
 from libinject.sim import profile as profmod
 from libinject.sim.profile import DRM_MAJOR, GpuSpec, LibSpec, Profile
 
 NATIVE = Path(__file__).resolve().parent / "native"
 # Read-only objects a package ships, named as the cache names them.
 PREBUILT = Path(__file__).resolve().parent / "prebuilt"
-CACHE_FORMAT = "5"   # bump when the compile recipe changes
+CACHE_FORMAT = "6"   # bump when the compile recipe changes
 CC = "gcc"
 CFLAGS = ("-O2", "-Wall", "-Wno-format-truncation", "-fPIC", "-fvisibility=hidden")
-ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",))}
+# arch -> (multiarch dir, its compiler flags)
+ARCHES = {"x86_64": ("x86_64-linux-gnu", ()), "i386": ("i386-linux-gnu", ("-m32",)),
+          "aarch64": ("aarch64-linux-gnu", ())}
 NVIDIA_MAJOR = 195
 RENDER_MINOR_BASE = 128     # /dev/dri/renderD<128+i> is 226:<128+i>
 # Dev links the .run installer makes besides the SONAME links.
@@ -65,8 +71,11 @@ def cache_dir() -> Path:
     return Path(base) / "nvhook" / "sim"
 
 
-def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Path] = ()) -> Path:
-    """gcc sources -> cache/<hash>-out_name (compiled only on a cache miss)."""
+def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Path] = (),
+             cc: tuple[str, ...] = (CC,)) -> Path:
+    """gcc sources -> cache/<hash>-out_name (compiled only on a cache miss). cc: the
+    compiler's command (a cross compiler for another machine's prebuilt objects: not
+    part of the hash, so they are named as that machine's gcc would name them)."""
     h = hashlib.sha256(CACHE_FORMAT.encode())
     for name in sorted({*sources, "nvml.h", "nvml_sim.h"}):
         h.update(name.encode() + b"\0" + (NATIVE / name).read_bytes())
@@ -80,13 +89,13 @@ def _compile(sources: list[str], flags: list[str], out_name: str, link: list[Pat
     out = cdir / name
     if out.exists():
         return out
-    if not shutil.which(CC):
+    if not shutil.which(cc[0]):
         raise NvhookError(f"simulated GPU: {out_name} is not among this install's prebuilt objects (built-in "
-                          f"profiles only) and building it needs {CC} (apt-get install gcc libc6-dev)")
+                          f"profiles only) and building it needs {cc[0]} (apt-get install gcc libc6-dev)")
     cdir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=cdir)
     os.close(fd)
-    cmd = [CC, *CFLAGS, *flags, f"-I{NATIVE}", "-o", tmp, *(str(NATIVE / s) for s in sources),
+    cmd = [*cc, *CFLAGS, *flags, f"-I{NATIVE}", "-o", tmp, *(str(NATIVE / s) for s in sources),
            *(str(p) for p in link)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -122,21 +131,21 @@ def _so_flags(prof: Profile, arch: str, soname: str | None) -> list[str]:
             *(f"-DSIM_ABI_{k}={v}" for k, v in zip(("MAJOR", "MINOR", "PATCH"), ABI_TAG))]
 
 
-def _build_lib(prof: Profile, lib: LibSpec, arch: str) -> Path:
+def _build_lib(prof: Profile, lib: LibSpec, arch: str, cc: tuple[str, ...]) -> Path:
     flags = _so_flags(prof, arch, lib.real_soname(prof.driver_version))
     out_name = f"{arch}-{lib.file_name(prof.driver_version)}"
     if lib.name == "libnvidia-ml":
         return _compile(["nvml_mock.c", "nvml_mig.c", "nvml_stubs.c", "abi_note.S"], [*flags, "-lpthread", "-lm"],
-                        out_name)
+                        out_name, cc=cc)
     flags.append(f'-DSIM_LIB="{lib.name}"')
     if lib.name == "libnvidia-sandboxutils":
         # nvSandboxUtils* answered from the NVML next to it (native/sandboxutils.c)
-        return _compile(["driver_lib.c", "sandboxutils.c", "abi_note.S"], [*flags, "-ldl"], out_name)
+        return _compile(["driver_lib.c", "sandboxutils.c", "abi_note.S"], [*flags, "-ldl"], out_name, cc=cc)
     if lib.name == "libcuda":
         flags.append("-DSIM_LIBCUDA")
     if lib.name == "libGLX_nvidia":
         flags += ["-DSIM_LIBGLX", f"-DSIM_VK_DRIVER_VERSION={vk_driver_version(prof.driver_version)}u"]
-    return _compile(["driver_lib.c", "abi_note.S"], flags, out_name)
+    return _compile(["driver_lib.c", "abi_note.S"], flags, out_name, cc=cc)
 
 
 def xorg_modules(prof: Profile) -> dict[str, str | None]:
@@ -146,17 +155,19 @@ def xorg_modules(prof: Profile) -> dict[str, str | None]:
             f"usr/lib/xorg/modules/extensions/{glx}": glx}
 
 
-def _build_module(prof: Profile, path: str, soname: str | None) -> Path:
+# Programs and X modules are named with their machine too ("aarch64-nvidia-smi"): their
+# flags alone do not tell the machines apart.
+def _build_module(prof: Profile, path: str, soname: str | None, arch: str, cc: tuple[str, ...]) -> Path:
     name = path.rpartition("/")[2]
-    return _compile(["driver_lib.c", "abi_note.S"], [*_so_flags(prof, "x86_64", soname), f'-DSIM_LIB="{name}"'],
-                    f"xorg-{name}")
+    return _compile(["driver_lib.c", "abi_note.S"], [*_so_flags(prof, arch, soname), f'-DSIM_LIB="{name}"'],
+                    f"{arch}-xorg-{name}", cc=cc)
 
 
-def _build_tool(prof: Profile, name: str, nvml: Path) -> Path:
+def _build_tool(prof: Profile, name: str, nvml: Path, arch: str, cc: tuple[str, ...]) -> Path:
     if name == "nvidia-smi":
         # Linked against the mock so DT_NEEDED is its SONAME, libnvidia-ml.so.1.
-        return _compile(["nvidia_smi.c"], [], name, link=[nvml])
-    return _compile(["tool.c"], [f'-DSIM_TOOL="{name}"', *_defines(prof)], name)
+        return _compile(["nvidia_smi.c"], [], f"{arch}-{name}", link=[nvml], cc=cc)
+    return _compile(["tool.c"], [f'-DSIM_TOOL="{name}"', *_defines(prof)], f"{arch}-{name}", cc=cc)
 
 
 def _m32_works() -> bool:
@@ -176,18 +187,24 @@ def _m32_works() -> bool:
     return True
 
 
-def build_artifacts(prof: Profile) -> tuple[dict[tuple[str, str], Path], dict[str, Path], dict[str, Path]]:
+def build_artifacts(prof: Profile, machine: str | None = None, cc: tuple[str, ...] | None = None
+                    ) -> tuple[dict[tuple[str, str], Path], dict[str, Path], dict[str, Path]]:
     """Compile (or take from the cache) what the profile needs. Returns
-    ({(arch, lib name): .so}, {binary name: executable}, {X module path in the root: .so})."""
-    arches = ["x86_64"]
-    if prof.compat32 and any(lib.i386 for lib in prof.libraries) and _m32_works():
-        arches.append("i386")
-    jobs = [(arch, lib) for arch in arches for lib in prof.libraries if arch == "x86_64" or lib.i386]
+    ({(arch, lib name): .so}, {binary name: executable}, {X module path in the root: .so}).
+    machine: the host's (uname -m) by default; another with cc, its cross compiler's
+    command (packaging/build_bundle.py: an arm64 package's prebuilt objects)."""
+    mach = machmod.native() if machine is None else machmod.get(machine)
+    cc = (CC,) if cc is None else tuple(cc)
+    arches = [mach.name]
+    if (mach.compat32 and machine is None and prof.compat32 and any(lib.i386 for lib in prof.libraries)
+            and _m32_works()):
+        arches.append(mach.compat32)
+    jobs = [(arch, lib) for arch in arches for lib in prof.libraries if arch == mach.name or lib.i386]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futs = {(arch, lib.name): pool.submit(_build_lib, prof, lib, arch) for arch, lib in jobs}
-        nvml = futs[("x86_64", "libnvidia-ml")].result()
-        bins = {b: pool.submit(_build_tool, prof, b, nvml) for b in prof.binaries}
-        mods = {p: pool.submit(_build_module, prof, p, soname)
+        futs = {(arch, lib.name): pool.submit(_build_lib, prof, lib, arch, cc) for arch, lib in jobs}
+        nvml = futs[(mach.name, "libnvidia-ml")].result()
+        bins = {b: pool.submit(_build_tool, prof, b, nvml, mach.name, cc) for b in prof.binaries}
+        mods = {p: pool.submit(_build_module, prof, p, soname, mach.name, cc)
                 for p, soname in (xorg_modules(prof).items() if prof.graphics else ())}
         libs = {k: f.result() for k, f in futs.items()}
         tools = {k: f.result() for k, f in bins.items()}
@@ -197,8 +214,8 @@ def build_artifacts(prof: Profile) -> tuple[dict[tuple[str, str], Path], dict[st
 
 # ---------------------------------------------------------------- file formats
 
-def _version_file(prof: Profile) -> str:
-    return (f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {prof.driver_version}  "
+def _version_file(prof: Profile, mach: machmod.Machine) -> str:
+    return (f"NVRM version: NVIDIA UNIX {mach.name} Kernel Module  {prof.driver_version}  "
             f"Tue Apr  8 12:27:59 UTC 2025\n"
             f"GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
 
@@ -336,14 +353,16 @@ def _copy(src: Path, dst: Path, mode: int) -> None:
     os.chmod(dst, mode)
 
 
-def _install_glibc(root: Path) -> None:
-    from libinject.sim.rootfs import GLIBC_DIR, GLIBC_LIBS
+def _install_glibc(root: Path, mach: machmod.Machine) -> None:
+    from libinject.sim.rootfs import GLIBC_LIBS
 
-    libdir = root / "lib/x86_64-linux-gnu"
-    for lib in GLIBC_LIBS:
-        _copy(Path(os.path.realpath(f"{GLIBC_DIR}/{lib}")), libdir / lib, 0o755)
-    (root / "lib64").mkdir(exist_ok=True)
-    (root / "lib64/ld-linux-x86-64.so.2").symlink_to("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    libdir = root / "lib" / mach.triplet
+    for lib in (mach.loader, *GLIBC_LIBS):
+        _copy(Path(os.path.realpath(f"/lib/{mach.triplet}/{lib}")), libdir / lib, 0o755)
+    link = root / mach.loader_link
+    link.parent.mkdir(exist_ok=True)
+    if not link.exists():
+        link.symlink_to(f"/lib/{mach.triplet}/{mach.loader}")
 
 
 def _install_libraries(root: Path, prof: Profile, libs: dict[tuple[str, str], Path]) -> list[str]:
@@ -376,10 +395,10 @@ def _install_libraries(root: Path, prof: Profile, libs: dict[tuple[str, str], Pa
     return arches
 
 
-def _install_ldconf(root: Path, arches: list[str]) -> None:
+def _install_ldconf(root: Path, arches: list[str], mach: machmod.Machine) -> None:
     _write(root / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
-    _write(root / "etc/ld.so.conf.d/x86_64-linux-gnu.conf",
-           "# Multiarch support\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    _write(root / f"etc/ld.so.conf.d/{mach.triplet}.conf",
+           f"# Multiarch support\n/lib/{mach.triplet}\n/usr/lib/{mach.triplet}\n")
     if "i386" in arches:
         _write(root / "etc/ld.so.conf.d/i386-linux-gnu.conf",
                "# Multiarch support\n/usr/lib/i386-linux-gnu\n")
@@ -434,9 +453,9 @@ def _json(path: Path, data: dict) -> None:
     _write(path, json.dumps(data, indent=4) + "\n")
 
 
-def _install_graphics(root: Path, prof: Profile, modules: dict[str, Path]) -> None:
+def _install_graphics(root: Path, prof: Profile, modules: dict[str, Path], mach: machmod.Machine) -> None:
     ver = prof.driver_version
-    libdir = root / "usr/lib/x86_64-linux-gnu"
+    libdir = root / "usr/lib" / mach.triplet
     (libdir / "gbm").mkdir()
     (libdir / "gbm/nvidia-drm_gbm.so").symlink_to("../libnvidia-allocator.so.1")   # Mesa's GBM backend dir
     share = root / "usr/share"
@@ -495,7 +514,7 @@ def _install_devices(root: Path, prof: Profile) -> None:
 
 def _install_procfs(root: Path, prof: Profile) -> None:
     proc = root / "proc/driver/nvidia"
-    _write(proc / "version", _version_file(prof), 0o444)
+    _write(proc / "version", _version_file(prof, machmod.native()), 0o444)
     _write(proc / "params", PARAMS, 0o444)
     _write(proc / "registry", 'Binary: ""\n', 0o444)
     for g in prof.gpus:
@@ -542,10 +561,11 @@ def _install_sysfs(root: Path, prof: Profile) -> None:
 
 def _build(root: Path, prof: Profile) -> None:
     libs, tools, modules = build_artifacts(prof)
-    for d in ("etc", "tmp", "run", "usr/bin", "usr/lib/x86_64-linux-gnu"):
+    mach = machmod.native()
+    for d in ("etc", "tmp", "run", "usr/bin", f"usr/lib/{mach.triplet}"):
         (root / d).mkdir(parents=True, exist_ok=True)
     os.chmod(root / "tmp", 0o1777)
-    _install_glibc(root)
+    _install_glibc(root, mach)
     arches = _install_libraries(root, prof, libs)
     for name, src in tools.items():
         _copy(src, root / "usr/bin" / name, 0o755)
@@ -556,7 +576,7 @@ def _build(root: Path, prof: Profile) -> None:
     _install_procfs(root, prof)
     _install_sysfs(root, prof)
     if prof.graphics:
-        _install_graphics(root, prof, modules)
+        _install_graphics(root, prof, modules, mach)
     # As on a real host, /var/run is /run: NVIDIA's tools name the sockets /var/run/...
     # Relative, so that it resolves inside the root wherever the root is.
     (root / "var").mkdir(exist_ok=True)
@@ -572,7 +592,7 @@ def _build(root: Path, prof: Profile) -> None:
     data = asdict(prof)
     data["libraries"] = [asdict(s) for s in prof.libraries]
     _write(root / "etc/nvhook-sim/profile.json", json.dumps(data, indent=2) + "\n")
-    _install_ldconf(root, arches)
+    _install_ldconf(root, arches, mach)
     r = subprocess.run(["ldconfig", "-r", str(root)], capture_output=True, text=True)
     if r.returncode != 0:
         raise NvhookError(f"ldconfig -r {root} failed: {r.stderr.strip().splitlines()[-1:]}")
