@@ -243,6 +243,9 @@ def _measure(opts, work: Path, cases, bundles, hooks, state: Path, cfg: Path, ro
         print(f"  no GPU: nvhook {added['no GPU, nvhook']:+.1f} ms, NVIDIA {added['no GPU, NVIDIA']:+.1f} ms "
               f"(within runc's noise; the hook process alone, below)")
 
+    # What the service logged of the interleaved rounds (before the parallel burst below)
+    serial_log = "" if opts.no_serve else (work / "serve.log").read_text(errors="replace")
+
     # The hook process alone, for a container that wants no GPU (no runc around it).
     st = json.dumps({"ociVersion": "1.0.2-dev", "id": "x", "status": "creating", "pid": 1,
                      "bundle": str(bundles["no GPU, nvhook"])}).encode()
@@ -280,10 +283,10 @@ def _measure(opts, work: Path, cases, bundles, hooks, state: Path, cfg: Path, ro
     if not opts.no_serve:
         log = (work / "serve.log").read_text(errors="replace")
         n = log.count(": status 0 in ")
-        took = [float(x) for x in re.findall(r"status 0 in ([\d.]+) ms", log)]
+        took = [float(x) for x in re.findall(r"status 0 in ([\d.]+) ms", serial_log)]
         if took:
-            print(f"  the served requests took {_stats(took)[0]:.1f} ms (median of {len(took)}, "
-                  "the service's log: request to status)")
+            print(f"  the served requests took {_stats(took)[0]:.1f} ms (median of {len(took)}, the rounds "
+                  "above, the service's log: request to the worker's exit, past its status)")
         want = (2 + opts.runs) * sum(h == "served" for _, h in cases.values()) + opts.parallel
         print(f"  nvhook serve answered {n} of the {want} served starts (the rest fell back to exec)")
     verdict = ("no ratios (NVIDIA's stack absent)" if not nvidia_in else
