@@ -91,7 +91,7 @@ def _bundle(work: Path, name: str, rootfs: Path, env: list[str] | None, hook: di
     for m in cfg["mounts"]:
         if m["destination"] == "/proc" and bind_proc:   # the simulated /proc/driver/nvidia (doc)
             m.update(type="bind", source="/proc", options=["rbind", "nosuid", "noexec", "nodev"])
-    if hook is not None:
+    if env is not None and hook:        # (env None: a baseline, whatever hook is given)
         cfg["hooks"] = {"prestart": [hook]}
     (b / "config.json").write_text(json.dumps(cfg))
     return b
