@@ -281,13 +281,19 @@ def _measure(opts, work: Path, cases, bundles, hooks, state: Path, cfg: Path, ro
             print(f"    {f}")
         all_ok &= not failed
     if not opts.no_serve:
-        log = (work / "serve.log").read_text(errors="replace")
-        n = log.count(": status 0 in ")
+        # (a worker's status reaches its front before the service reaps it and logs it)
+        want = (2 + opts.runs) * sum(h == "served" for _, h in cases.values()) + opts.parallel
+        deadline = time.monotonic() + 5
+        while True:
+            log = (work / "serve.log").read_text(errors="replace")
+            n = log.count(": status 0 in ")
+            if n >= want or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         took = [float(x) for x in re.findall(r"status 0 in ([\d.]+) ms", serial_log)]
         if took:
             print(f"  the served requests took {_stats(took)[0]:.1f} ms (median of {len(took)}, the rounds "
                   "above, the service's log: request to the worker's exit, past its status)")
-        want = (2 + opts.runs) * sum(h == "served" for _, h in cases.values()) + opts.parallel
         print(f"  nvhook serve answered {n} of the {want} served starts (the rest fell back to exec)")
     verdict = ("no ratios (NVIDIA's stack absent)" if not nvidia_in else
                "all met" if all(results) else "some NOT met")
