@@ -282,7 +282,7 @@ class Server:
             # A burst: the next request may well come before this one ends. A lone
             # start's spare is forked once its worker is gone (_finish): forked now, the
             # server's fork would take a CPU from the worker, the prober or the runtime
-            # (2 CPUs: a served worker's wall 0.5-1.3 ms longer, bench/ab_served.py).
+            # (2 CPUs: a served worker's wall 0.5-5.5 ms longer, bench/ab_served.py).
             self._spawn_spare()
 
     def _fork(self, work) -> Child | None:
