@@ -99,8 +99,8 @@ def _rounds(d, n: int, label: str) -> bool:
     print(f"  {'plain':24s} {base:7.1f}")
     for name in list(CASES)[1:]:
         med, p90 = stats(times[name])
-        verdict = "(what any injector pays here)" if name.startswith("files") else ""
-        print(f"  {name:24s} {med:7.1f} (p90 {p90:6.1f})   added {med - base:+6.1f}   {verdict}")
+        verdict = "   (what any injector pays here)" if name.startswith("files") else ""
+        print(f"  {name:24s} {med:7.1f} (p90 {p90:6.1f})   added {med - base:+6.1f}{verdict}")
     return True
 
 
