@@ -33,3 +33,22 @@ def await_log(proc: subprocess.Popen, log: Path, text: str, what: str, timeout: 
             proc.kill()
             raise SystemExit(f"{what} did not start: {log.read_text(errors='replace')}")
         time.sleep(0.02)
+
+
+# Targets of issue 33: what nvhook adds to a start over what NVIDIA's stack adds in the same run.
+SERVED_TARGET = 0.5
+EXECD_TARGET = 1.5
+
+
+def ratio_line(label: str, ours_ms: float, theirs_ms: float | None, target: float) -> tuple[str, bool | None]:
+    """One line: nvhook's added ms over NVIDIA's added ms (same run, same baseline) and its
+    target; and whether it is met (None: no NVIDIA figure, or one too small to divide by)."""
+    if theirs_ms is None:
+        return f"  {label:34s} nvhook +{ours_ms:.1f} ms (NVIDIA's not measured)", None
+    if theirs_ms <= 0.5:
+        return (f"  {label:34s} nvhook {ours_ms:+.1f} ms / NVIDIA {theirs_ms:+.1f} ms: no ratio "
+                "(NVIDIA's within noise of the baseline)"), None
+    r = ours_ms / theirs_ms
+    met = r <= target
+    return (f"  {label:34s} nvhook {ours_ms:+6.1f} ms / NVIDIA {theirs_ms:+6.1f} ms = {r:4.2f}x  "
+            f"(target <= {target:g}x: {'met' if met else 'NOT met'})"), met

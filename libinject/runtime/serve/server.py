@@ -278,7 +278,12 @@ class Server:
         job = _Job(child, conn, learned, output, pid, now, now + self.timeout, spare_sock=spare_sock)
         self.jobs[child.pidfd] = job
         self.sel.register(child.pidfd, selectors.EVENT_READ, "job")
-        self._spawn_spare()                 # while this one works, on another CPU
+        if len(self.jobs) > 1:
+            # A burst: the next request may well come before this one ends. A lone
+            # start's spare is forked once its worker is gone (_finish): forked now, the
+            # server's fork would take a CPU from the worker, the prober or the runtime
+            # (2 CPUs: a served worker's wall 0.5-5.5 ms longer, bench/ab_served.py).
+            self._spawn_spare()
 
     def _fork(self, work) -> Child | None:
         """A worker process running work() (its exit status); None if no pidfd."""
@@ -318,6 +323,8 @@ class Server:
     # its pages, then is a worker; before it waits, it pre-faults what requests write
     # (saying PREFAULTING first). It runs on idle CPU from its fork until it gets a
     # request (the server's to decide: _take_spare), set-up and pre-faulting alike.
+    # Forked at start, when a request's worker is gone (_finish), and at once when a
+    # request comes while another is in flight (_accept).
     def _spawn_spare(self) -> None:
         if self.spare is not None or self.stopping:
             return
@@ -525,6 +532,7 @@ class Server:
                     NvhookError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
+        self._spawn_spare()     # (none if one is there, or we stop)
 
     def _learn_from(self, report: dict, worker: int) -> None:
         """What a worker reported (_Worker._report), taken as data only: what is kept is
