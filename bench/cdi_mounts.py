@@ -14,15 +14,21 @@ Cases (a100x8, GPU 1, the default spec: every capability but compat32):
   nvhook served     nvhook's spec as generated, its one hook served
   nvidia mounts     `nvidia-ctk cdi generate`'s spec (../shared/anchors), hooks stripped
   nvidia            NVIDIA's spec as generated (six nvidia-cdi-hook calls)
-  and any SHAPES given (--shape NAME=SPECFILE: a hand-made spec to try, with the
-  served hook where it has one).
+  and any shape given (--shape NAME=SPEC.json: a hand-made spec to try; @HOST@, @FRONT@
+  and @SOCK@ in it become the simulated host, the hook front and, for a NAME holding
+  "served", the socket of a service started for it).
 NVIDIA's tools read /proc/driver/nvidia and sysfs outside --driver-root: nvidia-ctk
 runs under `nvhook sim enter`. Its hooks run in the container and need nothing of that.
 
+  --runc: instead, runc alone (`runc run` of a bundle whose rootfs is an overlay of the
+  same rootfs, fresh upper dir each run), the OCI mounts of nvhook's spec (0, 42, and the
+  42 twice), and NVIDIA's spec's 42 (its options: rbind, rprivate): wall time and the CPU
+  time of runc and its children (runc init), which the machine's load moves less.
   --slope: also "mounts x2", nvhook's mounts twice (the copies under /opt/nvx): the
   difference to "nvhook mounts" is what 42 more file mounts cost.
 
-Usage: python bench/cdi_mounts.py [N] [--slope] [--shape NAME=SPEC.json ...] [--keep DIR]
+Usage: python bench/cdi_mounts.py [N] [--runc] [--slope] [--only CASE,...]
+                                   [--shape NAME=SPEC.json ...] [--keep DIR]
 (default N=10; BENCH_N too). Needs root, podman, runc; NVIDIA's cases are left out
 when ../shared/anchors is missing.
 """
@@ -84,6 +90,11 @@ def _nvidia_spec(host: Path, out: Path) -> dict | None:
     return json.loads(out.read_text())
 
 
+def _sock(sockdir: Path, case: str) -> Path:
+    """The socket of the service serving `case` (its spec names it)."""
+    return sockdir / f"run-{re.sub('[^a-z0-9]+', '-', case.lower())}/hook.sock"
+
+
 def _count(spec: dict) -> str:
     edits = [spec.get("containerEdits") or {}]
     m = sum(len(e.get("mounts") or ()) for e in edits)
@@ -91,17 +102,62 @@ def _count(spec: dict) -> str:
     return f"{m} mounts, {h} hooks"
 
 
+def runc_mounts(n: int, t: Path, rootfs: Path, specs: dict[str, list[dict]]) -> None:
+    """--runc (module docstring): runc run of `true` with each case's mounts, interleaved."""
+    runc = shutil.which("runc") or "/usr/sbin/runc"
+    subprocess.run([runc, "spec", "--bundle", str(t)], check=True)
+    base = json.loads((t / "config.json").read_text())
+    base["process"].update(args=["true"], terminal=False)
+    state = t / "runc-state"
+
+    def one(mounts: list[dict], i: int) -> tuple[float, float]:
+        b = t / f"bundle{i}"
+        for d in ("upper", "work", "rootfs"):
+            (b / d).mkdir(parents=True)
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={rootfs},upperdir={b}/upper,workdir={b}/work", str(b / "rootfs")],
+                       check=True)
+        try:
+            cfg = json.loads(json.dumps(base))
+            cfg["mounts"] += [{"source": m["hostPath"], "destination": m["containerPath"],
+                               "options": m["options"], "type": "bind"} for m in mounts]
+            (b / "config.json").write_text(json.dumps(cfg))
+            return timed_cpu([runc, "--root", str(state), "run", "--bundle", str(b), f"cdim{i}"], {})
+        finally:
+            subprocess.run(["umount", str(b / "rootfs")], check=True)
+            shutil.rmtree(b)
+
+    res: dict[str, list[tuple[float, float]]] = {k: [] for k in specs}
+    i = 0
+    for _ in range(n + 1):          # the first round warms up
+        for k, mounts in specs.items():
+            res[k].append(one(mounts, i))
+            i += 1
+    print(f"runc run true, rootfs an overlay (fresh upper), {n} interleaved runs each")
+    w0, c0 = (stats([x[j] for x in res["no mounts"][1:]])[0] for j in (0, 1))
+    for k, xs in res.items():
+        w, c = (stats([x[j] for x in xs[1:]])[0] for j in (0, 1))
+        print(f"  {k:<22} wall {w * 1000:6.1f} ms ({(w - w0) * 1000:+6.1f})  runc CPU {c * 1000:6.1f} ms "
+              f"({(c - c0) * 1000:+6.1f}; {len(specs[k])} mounts)", flush=True)
+
+
 def main() -> int:
     argv = sys.argv[1:]
     shapes: dict[str, Path] = {}
     keep = None
     slope = False
+    runc = False
+    only: list[str] = []
     args = []
     while argv:
         a = argv.pop(0)
         if a == "--shape":
             name, _, path = argv.pop(0).partition("=")
             shapes[name] = Path(path).resolve()
+        elif a == "--only":
+            only = argv.pop(0).split(",")
+        elif a == "--runc":
+            runc = True
         elif a == "--slope":
             slope = True
         elif a == "--keep":
@@ -138,6 +194,16 @@ def main() -> int:
             specs["nodes only"] = _strip(ours, mounts=False)
             specs["nvhook mounts"] = _strip(ours)
             specs["nvhook served"] = ours
+            theirs = _nvidia_spec(host, t / "nvidia.json")
+            if runc:
+                ms = ours["containerEdits"]["mounts"]
+                cases = {"no mounts": [], "nvhook's 42": ms,
+                         "nvhook's 42 twice": ms + [{**m, "containerPath": "/opt/nvx" + m["containerPath"]}
+                                                    for m in ms]}
+                if theirs is not None:
+                    cases["nvidia's 42"] = theirs["containerEdits"]["mounts"]
+                runc_mounts(n, t, rootfs, cases)
+                return 0
             if slope:
                 # the same mounts twice (the copies under /opt/nvx): the cost of one more
                 # mount, from the difference, whatever the nodes and the spec's parse cost
@@ -145,14 +211,15 @@ def main() -> int:
                 ms = twice["containerEdits"]["mounts"]
                 ms += [{**m, "containerPath": "/opt/nvx" + m["containerPath"]} for m in ms]
                 specs["mounts x2"] = twice
-            theirs = _nvidia_spec(host, t / "nvidia.json")
             if theirs is not None:
                 specs["nvidia mounts"] = _strip(theirs)
                 specs["nvidia"] = theirs
             for name, path in shapes.items():
                 text = path.read_text().replace("@HOST@", str(host)).replace("@FRONT@", front) \
-                    .replace("@SOCK@", str(sockdir / f"run{len(specs)}/hook.sock"))
+                    .replace("@SOCK@", str(_sock(sockdir, name)))
                 specs[name] = json.loads(text)
+            if only:
+                specs = {k: v for k, v in specs.items() if k == "baseline" or k in only}
             dirs = {}
             for i, (case, spec) in enumerate(specs.items()):
                 d = t / f"specs{i}"
@@ -172,16 +239,15 @@ def main() -> int:
             subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
             subprocess.run([PODMAN, "import", str(tar), IMAGE], env=env, check=True,
                            capture_output=True)
-            took: list[float] = []
             with contextlib.ExitStack() as stack:
                 spaces = {case: stack.enter_context(CdiNamespace(state / f"ns{i}", d))
                           for i, (case, d) in enumerate(dirs.items())}
                 # a service per case with a served hook, in that case's namespace (it serves
                 # only peers in its own mount namespace), on the socket its spec names
                 servers = []
-                for i, case in enumerate(specs):
+                for case in specs:
                     if case == "nvhook served" or (case in shapes and "served" in case):
-                        s = sock if case == "nvhook served" else sockdir / f"run{i}/hook.sock"
+                        s = sock if case == "nvhook served" else _sock(sockdir, case)
                         servers.append(Serve(cfg, s, wrap=spaces[case].wrap))
                 try:
                     cases = {}
@@ -206,7 +272,10 @@ def main() -> int:
                             wall, used = timed_cpu(a, env)
                             res[k].append(wall)
                             cpu[k].append(used)
-                    took = [float(x) for x in re.findall(r"status 0 in ([\d.]+) ms", servers[0].log())]
+                    for srv in servers:
+                        other = [float(x) for x in re.findall(r"status 0 in ([\d.]+) ms", srv.log())]
+                        print(f"(service on {srv.sock}: requests {stats(other)[0]:.1f} ms, "
+                              f"median of {len(other)}, its log)")
                 finally:
                     for srv in servers:
                         srv.stop()
@@ -216,8 +285,7 @@ def main() -> int:
     base = stats(res["baseline"])[0]
     cbase = stats(cpu["baseline"])[0]
     ref = stats(res["nvidia"])[0] - base if "nvidia" in res else None
-    print(f"podman run --device {DEVICE} IMAGE true (overlay), {PROFILE}, {n} interleaved runs each"
-          + (f"; served requests {stats(took)[0]:.1f} ms (median of {len(took)})" if took else ""))
+    print(f"podman run --device {DEVICE} IMAGE true (overlay), {PROFILE}, {n} interleaved runs each")
     for k, xs in res.items():
         med, p90 = stats(xs)
         added = (med - base) * 1000
