@@ -54,7 +54,7 @@ entries as they are and the planned link to the driver's library.
 ldconfig runs instead (libinject.apply.ldconfig, its sandbox) whenever the merge does
 not cover the image (Unsupported, raised before anything is changed):
 - no /etc/ld.so.cache, or not a regular file (symlink, fifo, directory...), larger
-  than rootfs.SAVE_LIMIT, unreadable, or not a cache this module parses completely
+  than journal.SAVE_LIMIT, unreadable, or not a cache this module parses completely
   (old format only, big-endian, bad offsets, unknown extension sections, legacy
   hwcap entries, an unsorted table, non-ASCII or absurd SONAMEs: control characters,
   longer than a file name; strings shared more than ldconfig's string table shares them,
@@ -102,7 +102,7 @@ if TYPE_CHECKING:
     from libinject.plan.edits import SymlinkEdit
 
 CACHE = "/etc/ld.so.cache"
-MAX_CACHE = 1 << 24        # rootfs.SAVE_LIMIT: the most it saves for rollback
+MAX_CACHE = 1 << 24        # journal.SAVE_LIMIT: the most it saves for rollback
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"
 EXT_MAGIC = 0xEAA42174      # cache_extension_magic, (uint32_t) -358342284
@@ -565,7 +565,7 @@ def remember_host_libraries(paths: Iterable[str]) -> int:
     forks. Each is opened as the applier opens a host source (no symlink followed, an
     O_PATH fd, read only if a regular file); a file that cannot be read, or that changed
     while read, is left out (the merge reads it itself). Returns how many are known."""
-    from libinject.apply.rootfs import openat2
+    from libinject.linux.resolve import openat2
     from libinject.linux import native
 
     n = 0
