@@ -423,8 +423,9 @@ def _numbered(listing: dict | None, prefix: str) -> list[tuple[str, str]]:
 def verify(driver, host: HostView) -> None:
     """Raise _Bad unless the snapshot's device facts are the host's, as `host` (the
     fingerprint's reading) shows them: what discovery would conclude from them now."""
-    from libinject.discover import driver as D
-    from libinject.discover.driver import CONTROL_DEVICES, mig_minors_for
+    from libinject.discover import hostfiles as D
+    from libinject.discover.hostfiles import CONTROL_DEVICES
+    from libinject.discover.migminors import mig_minors_for
 
     _need(driver.root == host.root and driver.dev_root == host.dev_root,
           f"made for root {driver.root[:200]}, dev root {driver.dev_root[:200]}")

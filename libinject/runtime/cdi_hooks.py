@@ -432,7 +432,7 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     come from, and the edit is made as the planner makes it."""
     from libinject.constants import NVIDIA_MAJOR
     from libinject.discover import procfs as host_procfs
-    from libinject.discover.driver import read_mig_minors
+    from libinject.discover.migminors import read_mig_minors
     from libinject.plan import planner as _plan
     from libinject.plan import procfs
     from libinject.plan.edits import ContainerEdits, ProcfsEdit
