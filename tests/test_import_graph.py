@@ -58,12 +58,26 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return name or None
 
 
-def _imports(mod: str, path: Path, mods: dict[str, Path]) -> dict[str, int]:
-    """{module of ours it imports: the first line doing so}."""
+def _module_level(tree: ast.Module) -> list[ast.AST]:
+    """The statements run when the module is imported (not those in functions or classes)."""
+    out, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        out.append(node)
+        for name in ("body", "orelse", "handlers", "finalbody"):
+            todo += getattr(node, name, None) or []
+    return out
+
+
+def _imports(mod: str, path: Path, mods: dict[str, Path], *, module_level: bool = False) -> dict[str, int]:
+    """{module of ours it imports: the first line doing so} (module_level: only the
+    imports made when it is imported)."""
     tree = ast.parse(path.read_text(), str(path))
     package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     found: dict[str, int] = {}
-    for node in ast.walk(tree):
+    for node in (_module_level(tree) if module_level else ast.walk(tree)):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -198,3 +212,25 @@ def test_the_docs_floor_table_is_this_one():
         assert row is not None, f"floor {n} has no row in docs/architecture.md"
         shown = name.replace(".", "/") if name != "libinject" else "libinject/__init__"
         assert f"`{shown}" in row, f"{name} is not in floor {n}'s row: {row}"
+
+
+def test_the_service_preloads_every_module_a_served_start_imports():
+    """`nvhook serve` imports PRELOAD before it forks (a worker must never import after
+    the fork): each name of ours there is a module, and no module those import (at
+    module level, transitively) imports one of ours inside a function that is not
+    among them. A module moved or split keeps this true only if PRELOAD follows."""
+    from libinject.runtime.serve.preload import PRELOAD
+
+    mods = _modules()
+    ours = [name for name in PRELOAD if name.split(".")[0] in PACKAGES]
+    assert [name for name in ours if name not in mods] == []
+    loaded: set[str] = set()
+    todo = list(ours)
+    while todo:
+        mod = todo.pop()
+        if mod not in loaded:
+            loaded.add(mod)
+            todo += _imports(mod, mods[mod], mods, module_level=True)
+    late = [f"{mod} -> {target} (line {line})" for mod in sorted(loaded)
+            for target, line in sorted(_imports(mod, mods[mod], mods).items()) if target not in loaded]
+    assert not late, "imported after a fork by a served start:\n" + "\n".join(late)
