@@ -500,8 +500,11 @@ def put_back(pfd: int, name: str, rec: dict, saved: bytes | str) -> None:
 
 
 class ReplayMixin:
-    """RootFS.replay(): its fields fd (the rootfs), mnt_id (its mount), _ns, _made
-    and its resolve() and forget_dirs() are RootFS's."""
+    """RootFS.replay(): these fields and resolve() and forget_dirs() are RootFS's."""
+    fd: int                     # the rootfs
+    mnt_id: int                 # its mount
+    _ns: int | None             # our mount namespace's inode, when needed
+    _made: dict[str, dict]      # path -> its create record
 
     def replay(self, records: list[dict]) -> list[str]:
         """Undo what a killed apply recorded (DiskJournal.stale), in the rootfs as it is
