@@ -1,6 +1,7 @@
 """Root-only MAC keys: one home for the keys that seal what nvhook reads back from host
-directories a container could be given as a volume (snapshots, and the journal through
-the snapshot key: libinject.discover.snapshot; setup's backups: libinject.setup.store).
+directories a container could be given as a volume (snapshots: libinject.discover.snapshot;
+the journal, whose key is derived from the default snapshot dir's: journal_key();
+setup's backups: libinject.setup.store).
 
 A key is KEY_BYTES random bytes in a file of its own directory, made whole in a temp
 file (O_EXCL, 0600) and linked into place, which fails if another writer made one first
@@ -12,7 +13,11 @@ from __future__ import annotations
 import os
 import stat
 
+from libinject.constants import SNAPSHOT_KEY_DIR
+from libinject.linux import atomic
+
 KEY_BYTES = 32
+SNAPSHOT_KEY = "snapshot.key"   # the snapshots' key (its name in its directory)
 
 
 def key_at(dfd: int, name: str) -> bytes | None:
@@ -64,3 +69,35 @@ def ensure_key(dfd: int, name: str, *, replace_unusable: bool) -> bytes:
             os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
+
+
+def own_key(kdir: str, name: str, *, replace_unusable: bool = True) -> bytes:
+    """The key `name` in directory kdir, made if there is none (kdir too: root-only;
+    ensure_key for replace_unusable). OSError when it cannot be, or when kdir is not
+    ours alone."""
+    os.makedirs(kdir, mode=0o700, exist_ok=True)
+    kfd = atomic.open_dir(kdir)
+    try:
+        st = os.fstat(kfd)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise PermissionError(f"{kdir} is not ours alone")
+        return ensure_key(kfd, name, replace_unusable=replace_unusable)
+    finally:
+        os.close(kfd)
+
+
+def journal_key() -> bytes | None:
+    """The journal's MAC key (libinject.apply.journal): derived from the host key of the
+    default snapshot dir (root-only, in /var/lib/nvhook, made if missing), so no writer
+    of /run can seal a record. None where there is none and none can be made (a
+    read-only /var/lib)."""
+    try:
+        from _blake2 import blake2b  # hashlib would load OpenSSL first (~2.5 ms)
+    except ImportError:  # pragma: no cover
+        from hashlib import blake2b
+
+    try:
+        host = own_key(SNAPSHOT_KEY_DIR, SNAPSHOT_KEY)
+    except OSError:
+        return None
+    return blake2b(key=host, person=b"nvhook-jkey", digest_size=32).digest()

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from libinject.discover import driver
+from libinject.discover import hostfiles
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,9 +21,9 @@ def test_a_wrapper_script_is_passed_over_for_the_real_binary(fresh_sim_host):
     wrapper = host / "usr/bin/nvidia-smi"
     wrapper.write_text('#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
     wrapper.chmod(0o755)
-    found = {f.container_path: f.path for f in driver.find_binaries(str(host))}
+    found = {f.container_path: f.path for f in hostfiles.find_binaries(str(host))}
     assert found["/usr/bin/nvidia-smi"] == str(real)
-    assert driver.could_find_binaries(str(host), driver.find_binaries(str(host)))
+    assert hostfiles.could_find_binaries(str(host), hostfiles.find_binaries(str(host)))
     r = subprocess.run([str(REPO / ".venv/bin/nvhook"), "--root", str(host), "list", "--binaries"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from libinject.apply import ldcache_file as F
 from libinject.apply import ldcache_merge as M
 from support import hookenv
 from support.ldcache_env import LDCONFIG, make_image
@@ -44,29 +45,29 @@ def _raw(entries: list[tuple[int, int, int, int, int]], table: bytes,
     value, osversion, hwcap) with key and value relative to the string table; hwcaps:
     the glibc-hwcaps section's name offsets, relative to the table too."""
     n = len(entries)
-    lo = M._NEW_HEAD.size + n * M._NEW_ENTRY.size
-    body = b"".join(M._NEW_ENTRY.pack(f, lo + k, lo + v, o, h) for f, k, v, o, h in entries)
+    lo = F._NEW_HEAD.size + n * F._NEW_ENTRY.size
+    body = b"".join(F._NEW_ENTRY.pack(f, lo + k, lo + v, o, h) for f, k, v, o, h in entries)
     ext, tail = 0, b""
     if hwcaps is not None:
         gen = b"ldconfig (GNU libc) hostile"
         ext = (lo + len(table) + 3) & ~3
         hw = struct.pack(f"<{len(hwcaps)}I", *(lo + o for o in hwcaps))
-        at = ext + M._EXT_FULL
-        tail = (b"\0" * (ext - lo - len(table)) + M._EXT_HEAD.pack(M.EXT_MAGIC, 2)
-                + M._EXT_SECTION.pack(M.EXT_GENERATOR, 0, at + len(hw), len(gen))
-                + M._EXT_SECTION.pack(M.EXT_HWCAPS, 0, at, len(hw)) + hw + gen)
-    return M._NEW_HEAD.pack(M.MAGIC_NEW, n, len(table), 2, ext) + body + table + tail
+        at = ext + F._EXT_FULL
+        tail = (b"\0" * (ext - lo - len(table)) + F._EXT_HEAD.pack(F.EXT_MAGIC, 2)
+                + F._EXT_SECTION.pack(F.EXT_GENERATOR, 0, at + len(hw), len(gen))
+                + F._EXT_SECTION.pack(F.EXT_HWCAPS, 0, at, len(hw)) + hw + gen)
+    return F._NEW_HEAD.pack(F.MAGIC_NEW, n, len(table), 2, ext) + body + table + tail
 
 
 def shared_string(size: int, length: int) -> bytes:
     """Every entry's SONAME and path: one string of `length` bytes (the file: `size`)."""
-    n = (size - length) // M._NEW_ENTRY.size
+    n = (size - length) // F._NEW_ENTRY.size
     return _raw([(0x0303, 0, 0, 0, 0)] * n, b"/" + b"l" * (length - 2) + b"\0")
 
 
 def tails(size: int) -> bytes:
     """Each entry names another tail of one 4000-byte string (each short enough)."""
-    n = (size - 4000) // M._NEW_ENTRY.size
+    n = (size - 4000) // F._NEW_ENTRY.size
     return _raw([(0x0303, 3999 - i % 3990, 3999 - i % 3990, 0, 0) for i in range(n)],
                 b"/" + b"l" * 3998 + b"\0")
 
@@ -75,7 +76,7 @@ def hwcaps_count(size: int, length: int) -> bytes:
     """A glibc-hwcaps section of (size - length) / 4 names, all one long string."""
     name = b"x" * (length - 1) + b"\0"
     count = (size - length - 200) // 4
-    return _raw([(0x0303, length, length, 0, M.HWCAP_EXTENSION)],
+    return _raw([(0x0303, length, length, 0, F.HWCAP_EXTENSION)],
                 name + b"/usr/lib/glibc-hwcaps/x/libx.so.1\0", hwcaps=[0] * count)
 
 
@@ -87,16 +88,16 @@ def empty_strings(size: int) -> bytes:
 def newline_sonames(image_cache: bytes) -> bytes:
     """A real cache plus an entry whose SONAME holds newlines (sorted last, as ldconfig
     sorts it)."""
-    c = M.parse(image_cache)
+    c = F.parse(image_cache)
     for col, v in ((c.names, b"a\na\na"), (c.paths, b"/opt/a\na\na"), (c.flags, 0x0303),
                    (c.osversion, 0), (c.hwcap, 0)):
         col.append(v)
-    return M.build(c)
+    return F.build(c)
 
 
 def _parse_all(data: bytes) -> None:
     """What a merge does with the image's cache before it looks at the rootfs."""
-    c = M.parse(data)
+    c = F.parse(data)
     M._check_sorted(c, M._Keys())
     M._bases(c)
 
@@ -414,7 +415,7 @@ def _mutants(data: bytes, rng: random.Random):
 def _merge_bytes(data: bytes) -> bytes:
     """What merge() makes of an image cache, less the rootfs: parse, check, rank (no
     entry in our folder), insert OURS, rebuild."""
-    c = M.parse(data)
+    c = F.parse(data)
     keys = M._Keys()
     M._check_sorted(c, keys)
     bases = M._bases(c)

@@ -312,10 +312,10 @@ def test_forced_ldconfig_runs_it(tmp_path, plans):
 def test_parse_build_round_trip(tmp_path, layout):
     """Every cache the host's ldconfig writes (each layout, and the host's own) comes
     out of parse() and build() byte for byte."""
-    from libinject.apply import ldcache_merge as M
+    from libinject.apply import ldcache_file as F
     data = make_image(tmp_path / "img", layout).joinpath("etc/ld.so.cache").read_bytes()
     host = Path("/etc/ld.so.cache").read_bytes() if layout == "debian" else data
-    assert (M.build(M.parse(data)), M.build(M.parse(host))) == (data, host)
+    assert (F.build(F.parse(data)), F.build(F.parse(host))) == (data, host)
 
 
 def _odd_folder(root: Path, lib: str, lib32: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -446,10 +446,12 @@ def facts():
     ldcache_merge.forget_host_libraries()
 
 
-def _read_now(m, path: str):
+def _read_now(path: str):
+    from libinject.apply.elf import read_elf
+
     fd = os.open(path, os.O_RDONLY)
     try:
-        return m.read_elf(fd, os.fstat(fd).st_size)
+        return read_elf(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
 
@@ -469,7 +471,7 @@ def test_remembered_facts_are_the_files(a100_host, facts, monkeypatch):
     from libinject.discover.driver import discover
 
     paths = [lib.path for lib in discover(str(a100_host), snapshot=False).libraries]
-    fresh = {p: _read_now(facts, p) for p in paths}
+    fresh = {p: _read_now(p) for p in paths}
     assert len(paths) > 40 and all(fresh.values())
     assert facts.remember_host_libraries(paths) == len(paths)
     assert facts.remember_host_libraries(paths) == len(paths)      # known: not read again
@@ -477,7 +479,9 @@ def test_remembered_facts_are_the_files(a100_host, facts, monkeypatch):
     def no_read(*a):
         raise AssertionError("read again")
 
-    monkeypatch.setattr(facts, "read_elf", no_read)
+    from libinject.apply import elf
+
+    monkeypatch.setattr(elf, "read_elf", no_read)
     assert {p: _elf_of_path(facts, p) for p in paths} == fresh
 
 

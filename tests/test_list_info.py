@@ -26,7 +26,7 @@ def _gpus(prof: dict) -> list[dict]:
 
 
 def _minors(root: Path) -> dict[str, int]:
-    from libinject.discover.driver import MIG_MINORS, read_mig_minors
+    from libinject.discover.migminors import MIG_MINORS, read_mig_minors
     return read_mig_minors(str(root / MIG_MINORS))
 
 

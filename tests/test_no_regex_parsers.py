@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from libinject.discover import decode, driver
+from libinject.discover import decode, migminors
 from libinject.linux import mountinfo
 from libinject.plan import select
 from libinject.request import oci_spec
@@ -231,7 +231,7 @@ def test_legacy_cuda_version_unchanged():
         oci_spec.legacy_cuda_version("1.2.3.4")
 
 
-# ---- discover/driver.py: mig_minors_for's per-GPU findall ----
+# ---- discover/migminors.py: mig_minors_for's per-GPU findall ----
 
 def mig_findall(block: str, needle: str) -> list[tuple[str, str]]:
     return re.findall(rf"(?m)^({needle}\S*)[ \t]+([0-9]+)[ \t]*$", block)
@@ -265,7 +265,7 @@ MIG_BLOCKS = [
 
 @pytest.mark.parametrize("block", MIG_BLOCKS)
 def test_mig_lines_cases(block):
-    assert driver._mig_lines(block, "gpu0/") == mig_findall(block, "gpu0/")
+    assert migminors._mig_lines(block, "gpu0/") == mig_findall(block, "gpu0/")
 
 
 def test_mig_lines_random():
@@ -283,7 +283,7 @@ def test_mig_lines_random():
         if rng.random() < 0.5:
             block = mutate(rng, block, alphabet)
         for needle in ("gpu0/", "gpu1/"):
-            assert driver._mig_lines(block, needle) == mig_findall(block, needle), repr(block)
+            assert migminors._mig_lines(block, needle) == mig_findall(block, needle), repr(block)
 
 
 def test_mig_minors_for_real_table():
@@ -303,7 +303,7 @@ def test_mig_minors_for_real_table():
         def __init__(self, minor):
             self.minor = minor
 
-    got = driver.mig_minors_for(text, [G(0), G(7), G(31)])
+    got = migminors.mig_minors_for(text, [G(0), G(7), G(31)])
     want = {"config": 1, "monitor": 2}
     for m in (0, 7, 31):
         want.update((k, int(v)) for k, v in mig_findall(text, f"gpu{m}/"))
@@ -337,12 +337,13 @@ print(" ".join(mods))
 
 
 def test_no_re_for_mig_minors():
-    """discover.driver (mig_minors_for runs on every warm start) with its imports."""
+    """discover.migminors (mig_minors_for runs on every warm start), and discover.driver
+    with its imports."""
     code = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from libinject.discover import driver
-assert driver._mig_lines("gpu0/gi1/access 5\n", "gpu0/") == [("gpu0/gi1/access", "5")]
+from libinject.discover import driver, migminors
+assert migminors._mig_lines("gpu0/gi1/access 5\n", "gpu0/") == [("gpu0/gi1/access", "5")]
 print(" ".join(sorted(m for m in ("re", "enum", "sre_compile", "_sre") if m in sys.modules)))
 """
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(ROOT)],

@@ -221,7 +221,8 @@ def test_dir_cache_follows_directory_mounts(rootfs, no_leaked_mounts):
 
 def test_dir_cache_after_rollback(rootfs):
     """A directory removed by rollback is not reused from the cache."""
-    from libinject.apply.rootfs import Journal, RootFS
+    from libinject.apply.journal import Journal
+    from libinject.apply.rootfs import RootFS
     r = RootFS(str(rootfs), Journal())
     assert r.make_file("/opt/x/y/f")
     assert r.journal.rollback() == []

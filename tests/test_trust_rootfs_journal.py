@@ -322,7 +322,7 @@ def test_a_big_forged_journal_costs_what_its_first_line_does(rootfs, tmp_path):
     its first line only (the header's seal fails), then starts it afresh."""
     import tracemalloc
 
-    from libinject.apply.rootfs import DiskJournal
+    from libinject.apply.journal import DiskJournal
 
     d = tmp_path / "journal"
     d.mkdir(mode=0o700)

@@ -6,7 +6,7 @@ host's /etc/shadow (here the simulated root's, standing for it) as a library, fi
 or IPC socket, or a file planted in a directory others can write (a volume, /tmp) as
 libcuda or nvidia-smi, would be bind-mounted into every GPU container, the IPC one
 read-write. Defence: snapshot.verify checks every host file the way discovery finds it
-(driver.could_find_libraries / _binaries / _firmware / _ipcs): a forged one is discarded
+(hostfiles.could_find_libraries / _binaries / _firmware / _ipcs): a forged one is discarded
 with a log line and discovery runs again. Each test starts real runc containers with
 the hook (snapshots on); each failed before that check (it was a prefix test).
 """

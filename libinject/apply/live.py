@@ -17,7 +17,7 @@ capabilities:
 Any failure undoes everything done so far and raises NvhookError with one line.
 
 A process killed mid-apply (a runtime's hook timeout, serve-timeout) cannot undo
-anything: each step is written ahead to a journal on the host (rootfs.DiskJournal,
+anything: each step is written ahead to a journal on the host (journal.DiskJournal,
 /run/nvhook/journal/<rootfs key>), and the next apply on the same rootfs (the
 container retried, or any `configure` of it) first replays what it finds there
 (RootFS.replay), before step 4. What a kill leaves until then: in the rootfs, the
@@ -43,10 +43,12 @@ from libinject.linux import native
 from libinject.linux.child import Child
 from libinject.linux.privileges import limit_capabilities
 from libinject.linux.proc import proc_fd
+from libinject.linux.resolve import openat2
 from libinject.plan.edits import RUNTIME_LIBRARY, ContainerEdits, DeviceEdit, MountEdit
 from libinject.errors import NvhookError
-from libinject.apply.rootfs import (DiskJournal, Journal, OnHostMount, RootFS, fs_type, mount_attrs,
-                                    open_host, openat2, split)
+from libinject.apply.journal import DiskJournal, Journal
+from libinject.apply.rootfs import OnHostMount, RootFS, fs_type, mount_attrs, open_host
+from libinject.linux.resolve import split
 from libinject.record import field, record
 
 TYPE_CHECKING = False

@@ -374,7 +374,7 @@ RPM_LIB_DIRS = ("/usr/lib64", "/usr/lib")
 def _exists_in_root(rootfs: str, path: str) -> bool:
     """Does `path` exist inside rootfs, resolving symlinks as if rootfs were "/"?
     (openat2 RESOLVE_IN_ROOT: an image's symlinks can never lead out of its rootfs.)"""
-    from libinject.apply.rootfs import openat2   # retries the EAGAIN of a racing ".." walk
+    from libinject.linux.resolve import openat2   # retries the EAGAIN of a racing ".." walk
     from libinject.errors import NvhookError
     from libinject.linux import native
 

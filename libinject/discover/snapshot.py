@@ -67,7 +67,7 @@ except ImportError:  # pragma: no cover
 FORMAT = 3              # 2: sealed; Driver.procfs and Driver.gpu_procfs; 3: graphics files, DRM nodes
 DEFAULT_DIR = SNAPSHOT_DIR
 KEY_DIR = SNAPSHOT_KEY_DIR
-KEY_NAME = "snapshot.key"
+KEY_NAME = hostkey.SNAPSHOT_KEY
 KEY_BYTES = hostkey.KEY_BYTES
 MAX_BYTES = 16 << 20    # a snapshot is ~100 KB; a bigger file is not one of ours
 KEEP = 8                # snapshots kept per directory (one per driver root/dev root/ldcache)
@@ -297,22 +297,9 @@ def read_key(directory: str) -> bytes | None:
 
 def own_key(directory: str) -> bytes:
     """The key of the snapshots in `directory`, made if there is none (its directory
-    too: root-only). OSError when it cannot be."""
-    kdir = key_dir(directory)
-    os.makedirs(kdir, mode=0o700, exist_ok=True)
-    kfd = atomic.open_dir(kdir)
-    try:
-        if not _trusted(os.fstat(kfd)):
-            raise PermissionError(f"{kdir} is not ours alone")
-        return _ensure_key(kfd)
-    finally:
-        os.close(kfd)
-
-
-def _ensure_key(dfd: int) -> bytes:
-    """The directory's key, made if there is none usable (an unusable one is replaced:
-    snapshots are a cache)."""
-    return hostkey.ensure_key(dfd, KEY_NAME, replace_unusable=True)
+    too: root-only; an unusable one is replaced: snapshots are a cache). OSError when
+    it cannot be."""
+    return hostkey.own_key(key_dir(directory), KEY_NAME, replace_unusable=True)
 
 
 def _trusted_key(directory: str) -> bytes | None:
@@ -436,8 +423,9 @@ def _numbered(listing: dict | None, prefix: str) -> list[tuple[str, str]]:
 def verify(driver, host: HostView) -> None:
     """Raise _Bad unless the snapshot's device facts are the host's, as `host` (the
     fingerprint's reading) shows them: what discovery would conclude from them now."""
-    from libinject.discover import driver as D
-    from libinject.discover.driver import CONTROL_DEVICES, mig_minors_for
+    from libinject.discover import hostfiles as D
+    from libinject.discover.hostfiles import CONTROL_DEVICES
+    from libinject.discover.migminors import mig_minors_for
 
     _need(driver.root == host.root and driver.dev_root == host.dev_root,
           f"made for root {driver.root[:200]}, dev root {driver.dev_root[:200]}")

@@ -1,4 +1,4 @@
-"""The host's /proc, opened once per process."""
+"""The host's /proc, opened once per process; what /proc/self says of us."""
 from __future__ import annotations
 
 import os
@@ -20,3 +20,14 @@ def opened() -> int | None:
     """proc_fd()'s fd if this process has opened it (a caller closing every other fd
     must keep it: the number would be reused)."""
     return _PROC_FD
+
+
+def in_user_namespace() -> bool:
+    """Whether this process is outside the initial user namespace: only there does
+    /proc/self/uid_map map every uid onto itself. Unreadable: False (try as before;
+    the kernel still refuses what we may not do)."""
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            return f.read(4096).split() != [b"0", b"0", b"4294967295"]
+    except OSError:
+        return False

@@ -47,8 +47,8 @@ the host's root that is out of reach there; so in a user namespace the hook firs
 to a private copy of its mount namespace with a tmpfs of its own on /run (the journal
 lives as long as the hook), and live.apply enters the container's namespace through the
 container's process (createRuntime: the state's pid) or the runtime process that
-started the hook (createContainer), each checked first (_container_target,
-_rootless_target). /run there is the runtime's path, nothing the container chose.
+started the hook (createContainer), each checked first (container_target,
+rootless_target). /run there is the runtime's path, nothing the container chose.
 
 The hook's argv comes from the hook entry, which the engine took from a CDI spec in its
 spec dirs: whoever writes those already chooses the program the runtime runs as root,
@@ -187,7 +187,7 @@ def parse_links(values: list[str]):
 def run(args) -> int:
     """Run the hook args.hook with its parsed flags (link, folder, ldconfig, procfs_dir,
     mig_minors, rootfs): the exec'd path (the state on stdin)."""
-    from libinject.runtime.hook import start_cwd
+    from libinject.runtime.front import start_cwd
 
     cwd = start_cwd()   # where the runtime started us (the front has moved to "/")
     os.chdir("/")   # never work relative to a directory the container controls
@@ -283,7 +283,7 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
         return 0
     from libinject.apply.live import apply
 
-    pid, rootless = _container_target(state, hook_pid)
+    pid, rootless = container_target(state, hook_pid)
     # One-shot (the exec'd hook, or a served worker): no fork of a worker of its own,
     # but where we sit in the container's pid namespace only for our children (rootless).
     apply(edits, rootfs, pid=pid, no_cgroups=True, ldconfig=args.ldconfig, worker=rootless,
@@ -298,7 +298,7 @@ def _ppid(pid: int | str) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[1])   # after "(comm)": state, ppid
 
 
-def _container_target(state, hook_pid: int | str,
+def container_target(state, hook_pid: int | str,
                       where: str = "cdi-hook createRuntime") -> tuple[int, bool]:
     """(the container's process at createRuntime, whether we are rootless): the state's
     pid, once it is seen to be what a runtime running this stage gives (runc, crun): a
@@ -330,7 +330,7 @@ def _container_target(state, hook_pid: int | str,
     if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
         raise NvhookError(f"{where}: the hook runs in the container's mount namespace "
                           "(generate the spec with --hook-stage createContainer for this engine)")
-    from libinject.runtime.hook import in_user_namespace
+    from libinject.linux.proc import in_user_namespace
 
     if not in_user_namespace():
         return pid, False
@@ -351,19 +351,19 @@ def _container_target(state, hook_pid: int | str,
 
 def _apply(edits: ContainerEdits, rootfs: str, **kw: str) -> None:
     """live.apply in the container's mount namespace, no cgroup step: the one we are in,
-    or (rootless) the one _rootless_target names."""
+    or (rootless) the one rootless_target names."""
     from libinject.apply.live import apply
 
-    apply(edits, rootfs, pid=_rootless_target(), no_cgroups=True, **kw)
+    apply(edits, rootfs, pid=rootless_target(), no_cgroups=True, **kw)
 
 
-def _rootless_target() -> int | None:
+def rootless_target() -> int | None:
     """None outside a user namespace: apply where we are. In one (module docstring):
     leave for a private copy of this mount namespace with our own tmpfs on /run, and
     return the pid of our parent, the runtime's process that runs createContainer hooks,
     once it is checked to be in the namespace we left: live.apply enters that."""
     from libinject.errors import NvhookError
-    from libinject.runtime.hook import in_user_namespace
+    from libinject.linux.proc import in_user_namespace
 
     if not in_user_namespace():
         return None
@@ -432,7 +432,7 @@ def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
     come from, and the edit is made as the planner makes it."""
     from libinject.constants import NVIDIA_MAJOR
     from libinject.discover import procfs as host_procfs
-    from libinject.discover.driver import read_mig_minors
+    from libinject.discover.migminors import read_mig_minors
     from libinject.plan import planner as _plan
     from libinject.plan import procfs
     from libinject.plan.edits import ContainerEdits, ProcfsEdit

@@ -94,31 +94,9 @@ def served_stage(args: HookArgs | None) -> str | None:
     return None
 
 
-def start_cwd() -> str | None:
-    # hookfront chdirs to "/" before exec and tells us where the runtime started it.
-    cwd = os.environ.get("NVHOOK_HOOK_CWD")
-    if cwd:
-        return cwd
-    try:
-        return os.getcwd()
-    except OSError:
-        return None
-
-
 # What a GPU container is told to use instead, where the hook cannot serve it.
 CDI_ADVICE = ("use CDI instead: as root `nvhook cdi generate --output /etc/cdi/nvidia.yaml`, "
               "then `podman run --device nvidia.com/gpu=0 ...`")
-
-
-def in_user_namespace() -> bool:
-    """Whether this process is outside the initial user namespace: only there does
-    /proc/self/uid_map map every uid onto itself. Unreadable: False (try as before;
-    the kernel still refuses what we may not do)."""
-    try:
-        with open("/proc/self/uid_map", "rb") as f:
-            return f.read(4096).split() != [b"0", b"0", b"4294967295"]
-    except OSError:
-        return False
 
 
 def unprivileged(userns: bool, no_cgroups: bool = False) -> str | None:
@@ -135,6 +113,8 @@ def unprivileged(userns: bool, no_cgroups: bool = False) -> str | None:
 
 def run(args) -> int:
     """The exec path: the state on stdin, the cwd the front reports."""
+    from libinject.runtime.front import start_cwd
+
     cwd = start_cwd()
     os.chdir("/")
     stage = args.command
@@ -180,6 +160,7 @@ def handle(stage: str, state: bytes, args, *, cwd: str | None, discover=None, pl
 def _handle(stage, data, args, cwd, discover, plan) -> int:
     from libinject import config as config_mod
     from libinject.errors import NvhookError
+    from libinject.linux.proc import in_user_namespace
     from libinject.log import Log
     from libinject.request import oci_state
     from libinject.request.oci_spec import request_from_spec
@@ -248,9 +229,9 @@ def _configure(stage, state, spec, bundle, request, cfg, args, log, discover=Non
         driver = options.discover(discover, log=log.info)
         discover = lambda *a, **kw: driver  # noqa: E731
         if stage == "createContainer":
-            pid = cdi_hooks._rootless_target()
+            pid = cdi_hooks.rootless_target()
         else:
-            pid, _ = cdi_hooks._container_target(state, "self", where=stage)
+            pid, _ = cdi_hooks.container_target(state, "self", where=stage)
     else:
         pid = oci_state.container_pid(state, stage)
     rootfs = oci_state.rootfs_path(spec, bundle)

@@ -22,39 +22,13 @@ import os
 
 from libinject.errors import NvhookError
 from libinject.setup.install import Entry, Target, edit_file, open_dir, unlink, venv_program
+from libinject.setup.jsondoc import indent, parse
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 HOOK_DIR = "/usr/local/bin"
 HOOK_NAME = "nvidia-container-runtime-hook"
 RUNTIME = "nvidia"
 RESTART = "restart dockerd for it to take effect (`systemctl restart docker`)"
-
-
-def _indent(text: str) -> str | None:
-    """The indent of the file's first indented key ("    " for a new or empty object;
-    None for a one-line file)."""
-    body = text.strip()
-    if body in ("", "{}"):
-        return "    "
-    if "\n" not in body:
-        return None
-    for line in body.splitlines()[1:]:
-        rest = line.lstrip(" \t")
-        if rest.startswith('"'):
-            return line[:len(line) - len(rest)] or None
-    return "    "
-
-
-def parse(data: bytes | None, path: str) -> dict:
-    """daemon.json's object (empty or absent: {}); anything else is one line."""
-    try:
-        text = (data or b"").decode("utf-8")
-        doc = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, ValueError) as e:
-        raise NvhookError(f"{path}: not valid JSON ({e}); nothing changed") from None
-    if not isinstance(doc, dict):
-        raise NvhookError(f"{path}: not a JSON object; nothing changed")
-    return doc
 
 
 def edit(data: bytes | None, path: str, shim: str, *, set_as_default: bool = False,
@@ -79,7 +53,7 @@ def edit(data: bytes | None, path: str, shim: str, *, set_as_default: bool = Fal
         features["cdi"] = True
     if doc == old and data is not None and text.strip():
         return data
-    out = json.dumps(doc, indent=_indent(text), ensure_ascii=False)
+    out = json.dumps(doc, indent=indent(text), ensure_ascii=False)
     return (out + ("\n" if text.endswith("\n") or not text.strip() else "")).encode("utf-8")
 
 

@@ -31,9 +31,9 @@ def parse(fmt: str, data: bytes | None, path: str):
         from libinject.setup import tomldoc
 
         return tomldoc.parse(data, path)
-    from libinject.setup import docker
+    from libinject.setup import jsondoc
 
-    return docker.parse(data, path)
+    return jsondoc.parse(data, path)
 
 
 def plain(fmt: str, doc) -> dict:
@@ -50,10 +50,10 @@ def dumps(fmt: str, doc, like: bytes) -> bytes:
         from libinject.setup import tomldoc
 
         return tomldoc.dumps(doc)
-    from libinject.setup.docker import _indent
+    from libinject.setup.jsondoc import indent
 
     text = like.decode("utf-8", errors="replace")
-    out = json.dumps(doc, indent=_indent(text), ensure_ascii=False)
+    out = json.dumps(doc, indent=indent(text), ensure_ascii=False)
     return (out + ("\n" if text.endswith("\n") else "")).encode("utf-8")
 
 

@@ -8,8 +8,8 @@ unix socket and falls back to exec'ing Python when no server answers, so the ser
 is optional and the hook's behaviour is the same either way: the worker runs
 libinject.runtime.hook.handle(), the very function the exec'd Python runs.
 
-One module per role, each importing only modules listed below it (none imports
-server.py but for type hints):
+One module per role, each importing only modules listed below it (the children see the
+server as children.Parent, a type):
   server.py        the loop: accepts peers, hands requests to spares or forked workers,
                    keeps what workers learned, and its children's bookkeeping
   prober.py        the prober child: each request's discovery fingerprint, on another CPU

@@ -5,6 +5,27 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from libinject.runtime.serve.driver_cache import DriverCache
+
+    class Parent(Protocol):
+        """What a child (worker, spare, prober) uses of the server that forked it
+        (libinject.runtime.serve.server.Server): the children never import the server."""
+        cache: DriverCache
+        log_fd: int | None
+        ns_ids: list[tuple[int, int]]
+        pid: int
+        prefault_runs: list[tuple[int, int]]
+        prefaulting: bool
+        probe_inputs: tuple | None
+        timeout: float
+        verbose: bool
+
+        def log(self, msg: str) -> None: ...
+
 
 def _set_idle(pid: int, idle: bool) -> bool:
     """SCHED_IDLE (runs only on a CPU nothing else wants) or back to SCHED_OTHER; False

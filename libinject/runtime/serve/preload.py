@@ -22,7 +22,10 @@ PRELOAD = (
     "libinject.linux.privileges", "libinject.linux.proc", "libinject.linux.mountinfo",
     "libinject.linux.atomic", "libinject.tomlfast", "libinject.jsonc", "libinject.record",
     "libinject.apply.ldcache_merge", "_prctl", "libinject.runtime.ceiling",
-    "libinject.runtime.cdi_hooks", "libinject.linux.devnodes",
+    "libinject.runtime.cdi_hooks", "libinject.linux.devnodes", "libinject.apply.journal",
+    "libinject.linux.resolve", "libinject.hostkey", "libinject.discover.hostfiles",
+    "libinject.discover.migminors", "libinject.runtime.front", "libinject.apply.elf",
+    "libinject.apply.ldcache_file",
     # the runtime shim's create (libinject.runtime.serve.shim), every mode's
     "libinject.runtime.shim", "libinject.runtime.serve.shim", "libinject.apply.cdi",
     "libinject.apply.cdi_validate", "libinject.apply.spec", "libinject.plan.csv",

@@ -15,7 +15,7 @@ from libinject.runtime.serve.worker import INTERNAL, _Worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from libinject.runtime.serve.server import Server     # (never imported here: it imports us)
+    from libinject.runtime.serve.children import Parent   # the server, as its children see it
 
 PROBER_NAME = "nvhook-prober"
 
@@ -28,7 +28,7 @@ class _Prober:  # pragma: no cover - runs in a forked child (covered by tests/te
     its end."""
 
     @staticmethod
-    def run(server: Server, sock: socket.socket) -> int:
+    def run(server: Parent, sock: socket.socket) -> int:
         if not _Worker.prepare(server):
             return INTERNAL
         from libinject.linux.privileges import set_name

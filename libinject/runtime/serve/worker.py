@@ -27,7 +27,7 @@ from libinject.runtime.serve.shim import ShimRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from libinject.runtime.serve.server import Server     # (never imported here: it imports us)
+    from libinject.runtime.serve.children import Parent   # the server, as its children see it
 
 INTERNAL = 70                   # a worker's own failure (EX_SOFTWARE)
 SPARE_NAME = "nvhook-spare"     # what ps shows of a spare worker, until it takes a request
@@ -41,7 +41,7 @@ NOT_RUN = (DECLINED, ABANDONED)
 
 
 class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/test_hook_serve.py)
-    def __init__(self, server: Server, conn: socket.socket, peer: int, learned: int,
+    def __init__(self, server: Parent, conn: socket.socket, peer: int, learned: int,
                  output: int, probe: int, learn: bool = False) -> None:
         self.server, self.conn, self.peer = server, conn, peer
         self.learned, self.output = learned, output
@@ -50,7 +50,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         self.log = server.log
 
     @staticmethod
-    def prepare(server: Server) -> bool:
+    def prepare(server: Parent) -> bool:
         """A worker's own set-up, right after the fork; False if the server is gone."""
         os.setsid()     # its own process group: a timeout kills it with its children
         gc.disable()    # one request: a collection would walk (copy) the server's whole heap
@@ -89,7 +89,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         return True
 
     @staticmethod
-    def spare(server: Server, sock: socket.socket) -> int:
+    def spare(server: Parent, sock: socket.socket) -> int:
         """A spare's life: set up, wait for a request from the server, serve it. The
         server closing its end (it stops) ends it."""
         if not _Worker.prepare(server):
