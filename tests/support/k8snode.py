@@ -18,7 +18,7 @@ from support import nspawn, packaging
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = __import__("libinject").__version__
-V2 = V1 + "-next"
+V2 = V1 + ".post1"    # (PEP 440: setuptools >= 84 refuses "-next")
 PAUSE = "nvhook.test/pause:1"
 IMAGE = "nvhook.test/cuda-like:1"
 IMAGE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
