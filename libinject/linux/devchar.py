@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 
-from libinject.errors import NvhookError
+from libinject.linux import safedir
 
 NODE_PREFIXES = ("nvidia",)
 
@@ -57,41 +57,18 @@ def nodes(dev_root: str) -> list[tuple[str, int, int]]:
 
 def _open_nodedir(parent: int, name: str, path: str) -> int | None:
     """A dir of device nodes by fd (None: there is none), never through a link, root's alone."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise NvhookError(f"{path}: not a directory (a link is not followed): {e.strerror}") from None
-    st = os.fstat(fd)
-    if st.st_uid != 0 or st.st_mode & 0o022:
-        os.close(fd)
-        raise NvhookError(f"{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
-                          "not root's alone, no link is made to a node there")
-    return fd
+    return safedir.open_root_subdir(parent, name, path, missing_ok=True,
+                                    refusal="no link is made to a node there")
 
 
 def _open_chardir(path: str, create: bool) -> int:
     parent, name = os.path.split(os.path.normpath(path))
     pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        try:
-            fd = os.open(name, flags, dir_fd=pfd)
-        except FileNotFoundError:
-            if not create:
-                raise NvhookError(f"{path}: no such directory") from None
-            os.mkdir(name, 0o755, dir_fd=pfd)
-            fd = os.open(name, flags, dir_fd=pfd)
-        except OSError as e:
-            raise NvhookError(f"{path}: not a directory (a link is not followed): {e.strerror}") from None
+        fd = safedir.open_root_subdir(pfd, name, path, create=create, refusal="no link is made there")
     finally:
         os.close(pfd)
-    st = os.fstat(fd)
-    if st.st_uid != 0 or st.st_mode & 0o022:
-        os.close(fd)
-        raise NvhookError(f"{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
-                          "not root's alone, no link is made there")
+    assert fd is not None
     return fd
 
 

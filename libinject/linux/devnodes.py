@@ -21,6 +21,7 @@ import os
 import stat
 
 from libinject.errors import NvhookError
+from libinject.linux import safedir
 
 NVIDIA_MAJOR = 195          # fixed by the driver (NV_MAJOR_DEVICE_NUMBER)
 CTL_MINOR = 255
@@ -152,21 +153,9 @@ def _cap_files(top: str, depth: int = 0) -> list[str]:
 
 def _open_dir(parent: int | None, name: str, path: str, create: bool = False) -> int:
     """A dev dir by fd, never through a link, root's and writable by no one else."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise NvhookError(f"load-kmods: {path}: no such directory") from None
-        os.mkdir(name, 0o755, dir_fd=parent)
-        fd = os.open(name, flags, dir_fd=parent)
-    except OSError as e:
-        raise NvhookError(f"load-kmods: {path}: not a directory (a link is not followed): {e.strerror}") from None
-    st = os.fstat(fd)
-    if st.st_uid != 0 or st.st_mode & 0o022:
-        os.close(fd)
-        raise NvhookError(f"load-kmods: {path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
-                          "not root's alone, no device node is made there")
+    fd = safedir.open_root_subdir(parent, name, path, prefix="load-kmods: ", create=create,
+                                  refusal="no device node is made there")
+    assert fd is not None
     return fd
 
 

@@ -144,3 +144,29 @@ def _check_dir(st: os.stat_result, where: str, path: str, what: str, trusted: fr
     who = writable_by_others(st, sticky_ok=not last, group_ok=not last)
     if who:
         raise NvhookError(f"{what}: directory {where} is writable by {who}")
+
+
+def open_root_subdir(parent: int | None, name: str, path: str, *, refusal: str, prefix: str = "",
+                     create: bool = False, missing_ok: bool = False) -> int | None:
+    """Directory `name` under the dir fd `parent`, by fd, never through a link, root's and
+    writable by no one else (the dev dirs root makes nodes and links in). Missing: None
+    with missing_ok, made (0755) with create, else NvhookError; refusal ends the line
+    for a directory that is not root's alone."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        if not create:
+            raise NvhookError(f"{prefix}{path}: no such directory") from None
+        os.mkdir(name, 0o755, dir_fd=parent)
+        fd = os.open(name, flags, dir_fd=parent)
+    except OSError as e:
+        raise NvhookError(f"{prefix}{path}: not a directory (a link is not followed): {e.strerror}") from None
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        os.close(fd)
+        raise NvhookError(f"{prefix}{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                          f"not root's alone, {refusal}")
+    return fd
