@@ -37,7 +37,7 @@ def test_unusual_hook_args_go_to_argparse(argv):
 
 def test_hook_stage_does_not_import_argparse():
     """The exec'd hook's start-up: a no-op stage imports no argparse and, of libinject,
-    only the hook runner, the shared names, the error type, the state reader (stdin is
+    only the hook runner, what the front tells it, the shared names, the error type, the state reader (stdin is
     drained with a deadline), its JSON reader and the record type its State is."""
     code = ("import sys; from nvhook.cli import main; rc = main(['poststart']); "
             "print(rc, 'argparse' in sys.modules, "
@@ -47,7 +47,8 @@ def test_hook_stage_does_not_import_argparse():
     assert r.stdout.strip().split(maxsplit=2) == [
         "0", "False", "['libinject', 'libinject.constants', 'libinject.errors', 'libinject.jsonc', "
         "'libinject.record', "
-        "'libinject.request', 'libinject.request.oci_state', 'libinject.runtime', 'libinject.runtime.hook']"], \
+        "'libinject.request', 'libinject.request.oci_state', 'libinject.runtime', 'libinject.runtime.front', "
+            "'libinject.runtime.hook']"], \
         r.stdout + r.stderr
 
 
