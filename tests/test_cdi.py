@@ -539,7 +539,7 @@ def test_cdi_hook_symlinks_and_ldcache_stay_in_rootfs(rootfs, tmp_path, no_leake
 
 
 def test_mask_procfs_edits_follow_container_devices(sim_host):
-    from libinject.runtime.cdi_hooks import procfs_edits
+    from libinject.pipeline import cdi_hook_edits
 
     host = sim_host("h100x8-mig")
     driver = driver_of(host)
@@ -560,7 +560,7 @@ def test_mask_procfs_edits_follow_container_devices(sim_host):
             {"allow": True, "type": "c", "major": 236, "access": "rw"},
             {"allow": False, "type": "c", "major": 195, "minor": driver.info.gpus[5].minor,
              "access": "rwm"}]}}}
-    e = procfs_edits(spec, driver.procfs_dir)
+    e = cdi_hook_edits(spec, procfs_dir=driver.procfs_dir)
     assert sorted(n for _, n in e.procfs.gpu_dirs) == sorted(
         [driver.info.gpus[0].procfs_name, driver.info.gpus[2].procfs_name])
     assert "ModifyDeviceFiles: 0" in e.procfs.files["params"]

@@ -203,6 +203,40 @@ def test_no_module_over_1000_lines():
     assert not big, "modules over 1,000 lines:\n" + "\n".join(big)
 
 
+def _live_apply_calls(path: Path) -> list[int]:
+    """Lines of `path` that call the live applier: live.apply(...) on the module, or
+    the `apply` name imported from it."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and n.module == "libinject.apply.live" for a in n.names if a.name == "apply"}
+    out = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        f = n.func
+        if (isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name)
+                and f.value.id == "live") or (isinstance(f, ast.Name) and f.id in names):
+            out.append(n.lineno)
+    return out
+
+
+def test_one_pipeline():
+    """Every path that changes a live container (the prestart hook, `nvhook configure`,
+    the CDI spec's hook, served or exec'd) reaches the live applier through the
+    pipeline's apply stage (libinject.pipeline.apply), and both hooks plan through the
+    pipeline: nothing else calls live.apply."""
+    mods, edges = _graph()
+    callers = {mod: lines for mod, path in mods.items()
+               if not mod.startswith("libinject.apply") and (lines := _live_apply_calls(path))}
+    assert set(callers) == {"libinject.pipeline"}, callers
+    assert "libinject.pipeline" in edges["libinject.runtime.hook"]
+    assert "libinject.pipeline" in edges["libinject.runtime.cdi_hooks"]
+    # the CDI hook's own request and plan stages, on their floors
+    assert {"libinject.request.cdi_hook", "libinject.plan.cdi_hook",
+            "libinject.discover.procfs"} <= set(edges["libinject.pipeline"])
+    assert "libinject.apply.live" not in edges["libinject.runtime.cdi_hooks"]
+
+
 def test_the_docs_floor_table_is_this_one():
     """docs/architecture.md's table names the floors this test checks."""
     text = (ROOT / "docs/architecture.md").read_text()

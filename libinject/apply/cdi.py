@@ -162,7 +162,7 @@ def edits_hook(opts: HookOptions, *, procfs: bool = False, links: Sequence[Symli
     the symlinks, the ld cache (applied in the live applier's order whatever the
     order of the flags). The libraries the spec mounts into the ld cache's folders are
     not listed again: the hook finds them among the container's bind mounts and merges
-    them into the image's cache in-process (libinject.runtime.cdi_hooks.spec_libraries,
+    them into the image's cache in-process (libinject.request.cdi_hook.runtime_libraries,
     libinject.apply.ldcache_merge) instead of running ldconfig."""
     args: list[str] = []
     if procfs and opts.procfs_dir:

@@ -125,3 +125,38 @@ def gpu_entry(names: Iterable[str], bus_id: str) -> str | None:
         if name in have:
             return name
     return None
+
+
+def for_container(procfs_dir: str, cap_minors: Iterable[int], mig_minors: str = "") -> tuple[HostProcfs, list[str]]:
+    """What a container's /proc/driver/nvidia mask needs of the host's, without a Driver
+    (the CDI hook): read(), with the capability files of the nvidia-caps minors it was
+    given, named by the mig-minors table (`mig_minors`, or nvidia-caps/mig-minors beside
+    procfs_dir); and those files' table keys."""
+    from libinject.discover.migminors import read_mig_minors
+
+    caps = set(cap_minors)
+    keys: list[str] = []
+    if caps:
+        table = mig_minors or os.path.join(os.path.dirname(procfs_dir.rstrip("/")),
+                                           "nvidia-caps", "mig-minors")
+        keys = [key for key, minor in read_mig_minors(table).items() if minor in caps]
+    return read(procfs_dir, keys), keys
+
+
+def gpu_models(procfs_dir: str, minors: Iterable[int]) -> list[str]:
+    """The "Model:" of each of the host's gpus/*/information whose Device Minor is one
+    of `minors` (none where there is no gpus/ dir)."""
+    want = set(minors)
+    gpus = os.path.join(procfs_dir, "gpus")
+    try:
+        names = sorted(os.listdir(gpus))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        text = read_text(os.path.join(gpus, name, "information")) or ""
+        if device_minor(text) not in want:
+            continue
+        out.append(next((v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines())
+                         if k.strip() == "Model"), ""))
+    return out

@@ -22,7 +22,7 @@ MOUNT_KINDS = ("binary", "library", "firmware", "ipc", "graphics", "devdir", "ru
 # A library the runtime mounts itself (a CDI spec's mount): the live applier never mounts
 # it, it reads its ELF header for the ld.so.cache merge, from its host source (an older
 # spec's `cdi-hook --library HOST::CONTAINER`) or, with no host_path, where the runtime
-# mounted it in the container (libinject.runtime.cdi_hooks.spec_libraries).
+# mounted it in the container (libinject.request.cdi_hook.runtime_libraries).
 RUNTIME_LIBRARY = "runtime-library"
 
 

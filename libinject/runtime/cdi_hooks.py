@@ -16,7 +16,7 @@ process, one namespace entry, one journal, one ldconfig):
   /proc.
 - --link TARGET::LINK: symlinks in the container (LINK -> TARGET).
 - --folder DIR [--ldconfig @/sbin/ldconfig]: the container's ld cache. The libraries
-  the runtime bind-mounted into those folders (the spec's mounts: spec_libraries; an
+  the runtime bind-mounted into those folders (the spec's mounts: libinject.request.cdi_hook.runtime_libraries; an
   older spec names them, --library HOST::CONTAINER) have their ELF headers merged into
   the image's cache in-process (libinject.apply.ldcache_merge, as the prestart hook does
   for the libraries it mounts) instead of running the sandboxed ldconfig, which stays
@@ -113,77 +113,6 @@ def _rootfs(given: str, cwd: str | None) -> tuple[str, dict]:
     return oci_state.rootfs_path(spec, bundle), spec
 
 
-def _cuda_compat(major: str):
-    """--cuda-compat-driver-major N: the image's forward-compat libcuda first in its ld
-    cache where newer than driver N (the hook's "ldconfig" cuda-compat mode)."""
-    from libinject.errors import NvhookError
-    from libinject.plan.edits import CudaCompatEdit
-
-    if not major:
-        return None
-    if not major.isdigit() or len(major) > 6:
-        raise NvhookError(f"invalid --cuda-compat-driver-major {major!r}: expected the driver's major version")
-    return CudaCompatEdit(mode="ldconfig", driver_major=int(major))
-
-
-def parse_libraries(values: list[str]):
-    """--library HOST::CONTAINER values as MountEdits of the runtime's (never mounted by
-    us: their host sources are read for the ld cache merge)."""
-    from libinject.errors import NvhookError
-    from libinject.plan.edits import RUNTIME_LIBRARY, MountEdit
-
-    out = []
-    for v in values:
-        host, sep, path = v.partition("::")
-        if not sep or not host.startswith("/") or not path.startswith("/"):
-            raise NvhookError(f"invalid --library {v!r}: expected /host/path::/container/path")
-        out.append(MountEdit(host_path=host, container_path=path, kind=RUNTIME_LIBRARY))
-    return tuple(out)
-
-
-MAX_SPEC_MOUNTS = 4096      # of a container's config.json mounts looked at (a real one: ~60)
-
-
-def spec_libraries(spec: dict, folders: tuple[str, ...]):
-    """The libraries the runtime mounted into `folders` (the CDI spec's mounts, as the
-    engine put them in the container's config): its bind mounts there, by container
-    path alone. The hook reads them where the runtime mounted them (at createRuntime
-    and createContainer the mounts are made), so the spec need not list them again
-    (`--library`, ~30 arguments of host::container paths that podman parses on every
-    start). The config is the container's, so it chooses only which files *of the
-    container* get ld cache entries, as a user's own volume into a library dir gets
-    one from ldconfig; their ELF headers are read bounded, by fd, regular files only."""
-    from libinject.plan.edits import RUNTIME_LIBRARY, MountEdit
-
-    inside = {f.rstrip("/") for f in folders}
-    out: dict[str, MountEdit] = {}
-    mounts = spec.get("mounts")
-    for m in mounts[:MAX_SPEC_MOUNTS] if isinstance(mounts, list) else ():
-        if not isinstance(m, dict):
-            continue
-        dest, opts = m.get("destination"), m.get("options")
-        bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
-        if not bind or not isinstance(dest, str) or not dest.startswith("/") or "\0" in dest:
-            continue
-        dest = os.path.normpath(dest)
-        if os.path.dirname(dest) in inside and dest not in out:
-            out[dest] = MountEdit(host_path="", container_path=dest, kind=RUNTIME_LIBRARY)
-    return tuple(out.values())
-
-
-def parse_links(values: list[str]):
-    from libinject.plan.edits import SymlinkEdit
-    from libinject.errors import NvhookError
-
-    out = []
-    for v in values:
-        target, sep, link = v.partition("::")
-        if not sep or not target or not link or not link.startswith("/"):
-            raise NvhookError(f"invalid --link {v!r}: expected TARGET::/container/path")
-        out.append(SymlinkEdit(target=target, link=link))
-    return tuple(out)
-
-
 def run(args) -> int:
     """Run the hook args.hook with its parsed flags (link, folder, ldconfig, procfs_dir,
     mig_minors, rootfs): the exec'd path (the state on stdin)."""
@@ -191,8 +120,10 @@ def run(args) -> int:
 
     cwd = start_cwd()   # where the runtime started us (the front has moved to "/")
     os.chdir("/")   # never work relative to a directory the container controls
-    from libinject.plan.edits import ContainerEdits
+    from libinject import pipeline
     from libinject.errors import NvhookError
+    from libinject.plan import cdi_hook as plan_hook
+    from libinject.plan.edits import ContainerEdits
 
     if args.hook in STAGES:
         from libinject.request.oci_state import read_state_bytes
@@ -201,7 +132,7 @@ def run(args) -> int:
         return _stage(args, read_state_bytes(sys.stdin.buffer), cwd, "self")
 
     if args.hook == "create-symlinks":
-        edits = ContainerEdits(symlinks=parse_links(args.link))
+        edits = ContainerEdits(symlinks=plan_hook.links(args.link))
         rootfs, _ = _rootfs(args.rootfs, cwd)
         if edits.symlinks:
             _apply(edits, rootfs)
@@ -216,8 +147,8 @@ def run(args) -> int:
         rootfs, spec = _rootfs(args.rootfs, cwd)
         if not spec:
             raise NvhookError("mask-procfs needs the container state on stdin (its devices)")
-        edits = procfs_edits(spec, args.procfs_dir, args.mig_minors)
-        if edits is not None:
+        edits = pipeline.cdi_hook_edits(spec, procfs_dir=args.procfs_dir, mig_minors=args.mig_minors)
+        if edits.procfs is not None:
             _apply(edits, rootfs)
         return 0
     raise NvhookError(f"unknown cdi-hook {args.hook}")
@@ -229,8 +160,10 @@ def _check_flags(args) -> None:
     bad = [f for f in getattr(args, "folder", ()) if not f.startswith("/")]
     if bad:
         raise NvhookError(f"invalid --folder {bad[0]!r}: not an absolute container path")
-    parse_links(getattr(args, "link", ()))
-    parse_libraries(getattr(args, "library", ()))
+    from libinject.plan import cdi_hook as plan_hook
+
+    plan_hook.links(getattr(args, "link", ()))
+    plan_hook.libraries(getattr(args, "library", ()))
     if args.hook in STAGES and getattr(args, "rootfs", ""):
         raise NvhookError(f"cdi-hook {args.hook} takes the container from its state: no --rootfs")
 
@@ -250,10 +183,12 @@ def handle(args, state: bytes, cwd: str | None, hook_pid: int | str) -> int:
 
 
 def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
-    """Every step the entry asks for, in one live.apply: the /proc/driver/nvidia mask,
-    the symlinks, then the ld cache (the live applier's order)."""
+    """Every step the entry asks for, in one apply: the /proc/driver/nvidia mask, the
+    symlinks, then the ld cache (the live applier's order). The pipeline's stages, as
+    the prestart hook walks them: the request (the state, the container's config), its
+    discovery and plan (pipeline.cdi_hook_edits), the apply (pipeline.apply)."""
+    from libinject import pipeline
     from libinject.errors import NvhookError
-    from libinject.plan.edits import ContainerEdits
     from libinject.request import oci_state
 
     if len(data) > oci_state.MAX_STATE_BYTES:
@@ -262,16 +197,9 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
     bundle = oci_state.bundle_dir(state, cwd)
     spec = oci_state.load_config(bundle)
     rootfs = oci_state.rootfs_path(spec, bundle)
-    procfs = procfs_edits(spec, args.procfs_dir, args.mig_minors) if args.procfs_dir else None
-    folders = tuple(dict.fromkeys(args.folder))
-    libraries = ((parse_libraries(args.library) if args.library else spec_libraries(spec, folders))
-                 if folders else ())
-    compat = _cuda_compat(args.cuda_compat_driver_major) if folders else None
-    if compat is not None and args.procfs_dir and _consumer_models(spec, args.procfs_dir):
-        compat = None       # CUDA would fail with 804 (libinject.plan.compat)
-    edits = ContainerEdits(procfs=procfs.procfs if procfs is not None else None,
-                           symlinks=parse_links(args.link), ldconfig_folders=folders,
-                           mounts=libraries, cuda_compat=compat)
+    edits = pipeline.cdi_hook_edits(spec, procfs_dir=args.procfs_dir, mig_minors=args.mig_minors,
+                                    links=args.link, folders=args.folder, libraries=args.library,
+                                    cuda_compat_major=args.cuda_compat_driver_major)
     if edits.procfs is None and not edits.symlinks and not edits.ldconfig_folders:
         return 0
     # The image's data comes next (its ld cache, its tree): bounded, as the hook's start.
@@ -281,13 +209,11 @@ def _stage(args, data: bytes, cwd: str | None, hook_pid: int | str) -> int:
     if args.hook == "createContainer":
         _apply(edits, rootfs, ldconfig=args.ldconfig, owner=state.id)
         return 0
-    from libinject.apply.live import apply
-
     pid, rootless = container_target(state, hook_pid)
     # One-shot (the exec'd hook, or a served worker): no fork of a worker of its own,
     # but where we sit in the container's pid namespace only for our children (rootless).
-    apply(edits, rootfs, pid=pid, no_cgroups=True, ldconfig=args.ldconfig, worker=rootless,
-          owner=state.id)
+    pipeline.apply(edits, rootfs, pid=pid, no_cgroups=True, ldconfig=args.ldconfig, worker=rootless,
+                   owner=state.id)
     return 0
 
 
@@ -350,11 +276,11 @@ def container_target(state, hook_pid: int | str,
 
 
 def _apply(edits: ContainerEdits, rootfs: str, **kw: str) -> None:
-    """live.apply in the container's mount namespace, no cgroup step: the one we are in,
-    or (rootless) the one rootless_target names."""
-    from libinject.apply.live import apply
+    """The apply stage in the container's mount namespace, no cgroup step: the one we
+    are in, or (rootless) the one rootless_target names."""
+    from libinject import pipeline
 
-    apply(edits, rootfs, pid=rootless_target(), no_cgroups=True, **kw)
+    pipeline.apply(edits, rootfs, pid=rootless_target(), no_cgroups=True, **kw)
 
 
 def rootless_target() -> int | None:
@@ -395,94 +321,3 @@ def _private_run() -> None:
     except OSError as e:
         raise NvhookError(f"cdi-hook in a user namespace: cannot make a private /run for "
                           f"its journal: {e.strerror}") from None
-
-
-def _consumer_models(spec: dict, procfs_dir: str) -> list[str]:
-    """The models of the container's GPUs (its /dev/nvidia<N> in linux.devices) that
-    CUDA forward compat does not support, from the host's gpus/*/information (the spec
-    is the container's own: it can only turn compat off for itself)."""
-    from libinject.constants import NVIDIA_MAJOR
-    from libinject.discover import procfs as host_procfs
-    from libinject.plan.compat import consumer_model
-
-    minors = {d.get("minor") for d in (spec.get("linux") or {}).get("devices") or ()
-              if isinstance(d, dict) and d.get("major") == NVIDIA_MAJOR
-              and isinstance(d.get("path"), str) and d["path"].removeprefix("/dev/nvidia").isdigit()}
-    gpus = os.path.join(procfs_dir, "gpus")
-    try:
-        names = sorted(os.listdir(gpus))
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        text = host_procfs.read_text(os.path.join(gpus, name, "information")) or ""
-        if host_procfs.device_minor(text) not in minors:
-            continue
-        model = next((v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines())
-                      if k.strip() == "Model"), "")
-        if consumer_model(model):
-            out.append(model)
-    return out
-
-
-def procfs_edits(spec: dict, procfs_dir: str, mig_minors: str = ""):
-    """ContainerEdits masking /proc/driver/nvidia for the devices in spec's
-    linux.devices; None when the host has no such procfs dir. The host is read by
-    discovery's procfs reader (libinject.discover.procfs), the one the planner's texts
-    come from, and the edit is made as the planner makes it."""
-    from libinject.constants import NVIDIA_MAJOR
-    from libinject.discover import procfs as host_procfs
-    from libinject.discover.migminors import read_mig_minors
-    from libinject.plan import planner as _plan
-    from libinject.plan import procfs
-    from libinject.plan.edits import ContainerEdits, ProcfsEdit
-
-    if not os.path.isdir(procfs_dir):
-        return None
-    linux = spec.get("linux") or {}
-    rules = [r for r in (linux.get("resources") or {}).get("devices") or () if isinstance(r, dict)]
-    # the container's devices: nodes it has *and* its cgroup lets it open
-    devs = [d for d in linux.get("devices") or ()
-            if isinstance(d, dict) and _allowed(rules, d.get("type", "c"), d.get("major"), d.get("minor"))]
-    minors = {d.get("minor") for d in devs
-              if d.get("major") == NVIDIA_MAJOR and isinstance(d.get("path"), str)
-              and d["path"].removeprefix("/dev/nvidia").isdigit()}
-    # MIG capability nodes -> their files under capabilities/, bound into the tmpfs as
-    # the planner does (upstream's mount_procfs_mig)
-    caps = {d.get("minor") for d in devs if isinstance(d.get("path"), str)
-            and d["path"].startswith(_plan.CAPS_DIR + "/nvidia-cap")}
-    keys: list[str] = []
-    if caps:
-        table = mig_minors or os.path.join(os.path.dirname(procfs_dir.rstrip("/")),
-                                           "nvidia-caps", "mig-minors")
-        keys = [key for key, minor in read_mig_minors(table).items() if minor in caps]
-    host = host_procfs.read(procfs_dir, keys)
-    gpu_dirs = [(os.path.join(procfs_dir, "gpus", name), name)
-                for name, minor in host.gpus.items() if minor is not None and minor in minors]
-    files = procfs.masked_files(host.files)
-    if any(k in ("config", "monitor") for k in keys):
-        # a MIG manager (nvidia.com/mig-caps): the live capabilities dir, as the planner
-        # gives NVIDIA_MIG_CONFIG_DEVICES, so instances made after the start show
-        live = ((os.path.join(procfs_dir, "capabilities"), "capabilities"),)
-        return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
-                                                gpu_dirs=tuple(gpu_dirs), live_dirs=live))
-    bound = tuple((os.path.join(procfs_dir, rel), rel) for rel in map(host_procfs.cap_rel, keys)
-                  if rel in host.files)
-    return ContainerEdits(procfs=ProcfsEdit(path=procfs.PROC_DRIVER, files=files,
-                                            gpu_dirs=tuple(gpu_dirs), bound_files=bound))
-
-
-def _allowed(rules: list, typ: str, major, minor) -> bool:
-    """The OCI device cgroup verdict for a node: the last matching rule wins."""
-    verdict = False
-    for r in rules:
-        if r.get("type", "a") not in ("a", typ):
-            continue
-        if r.get("major") is not None and r.get("major") != major:
-            continue
-        if r.get("minor") is not None and r.get("minor") != minor:
-            continue
-        access = r.get("access", "rwm") or ""
-        if "r" in access or "w" in access:
-            verdict = bool(r.get("allow"))
-    return verdict

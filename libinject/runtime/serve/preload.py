@@ -25,7 +25,8 @@ PRELOAD = (
     "libinject.runtime.cdi_hooks", "libinject.linux.devnodes", "libinject.apply.journal",
     "libinject.linux.resolve", "libinject.hostkey", "libinject.discover.hostfiles",
     "libinject.discover.migminors", "libinject.runtime.front", "libinject.apply.elf",
-    "libinject.apply.ldcache_file",
+    "libinject.apply.ldcache_file", "libinject.request.cdi_hook", "libinject.plan.cdi_hook",
+    "libinject.plan.compat",
     # the runtime shim's create (libinject.runtime.serve.shim), every mode's
     "libinject.runtime.shim", "libinject.runtime.serve.shim", "libinject.apply.cdi",
     "libinject.apply.cdi_validate", "libinject.apply.spec", "libinject.plan.csv",
