@@ -17,8 +17,9 @@ directly), a GPU container in legacy mode (config.json rewritten with the presta
 hook) and in cdi mode (the devices' CDI edits applied from a generated spec), each on a
 fresh config.json, each GPU case twice: exec'd (the config names a socket nobody
 listens on: the front execs Python, the state before issue 24) and served (an `nvhook
-serve` this benchmark starts listens there: the front hands the create to it,
-libinject/runtime/serve/shim.py). Beside them, in the same rounds, NVIDIA's shim
+serve` this benchmark starts listens there, one per mode, started with that mode's
+config, as a node's service is with the config its engine's shim reads: the front
+hands the create to it, libinject/runtime/serve/shim.py). Beside them, in the same rounds, NVIDIA's shim
 (nvidia-container-runtime 1.20 from ../shared/anchors, bench/nvidia.py) on the same
 config.json: no GPU, legacy mode (it adds its hook) and cdi mode (the edits of
 nvidia-ctk's spec for the same simulated host). Targets (issue 33): what a GPU create
@@ -91,23 +92,27 @@ def create(n: int, shim: str, with_nvidia: bool = True) -> int:
         specs.mkdir()
         subprocess.run([str(REPO / ".venv/bin/nvhook"), "cdi", "generate", "--driver-root", str(host),
                         "-o", str(specs / "nvidia.json")], check=True, capture_output=True)
-        # one service for every served case; the exec'd ones name a socket nobody is on
-        sock = tmp / "run/hook.sock"
+        # A service per mode, started with that mode's config, which its shim reads too:
+        # a node runs one, with the node's config (the engine's shim reads the same file,
+        # which the service has parsed already). The exec'd cases name a socket nobody is on.
+        socks = {mode: tmp / f"run/{mode}.sock" for mode in ("legacy", "cdi")}
         configs = {}
-        for served, sockpath in (("served", sock), ("exec'd", tmp / "run/nobody.sock")):
-            configs[("legacy", served)] = tmp / f"legacy-{served[0]}.toml"
-            configs[("legacy", served)].write_text(f'[nvhook]\nsocket = "{sockpath}"\n')
-            configs[("cdi", served)] = tmp / f"cdi-{served[0]}.toml"
-            configs[("cdi", served)].write_text(
-                f'[nvidia-container-runtime]\nmode = "cdi"\n'
-                f'[nvidia-container-runtime.modes.cdi]\nspec-dirs = ["{specs}"]\n'
-                f'[nvhook]\nsocket = "{sockpath}"\n')
-        log = tmp / "serve.log"
-        server = subprocess.Popen([str(REPO / ".venv/bin/nvhook-hook"), "--config", str(configs[("legacy", "served")]),
-                                   "serve", "--socket", str(sock), "--no-warm"],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=open(log, "wb"), env={})
-        await_log(server, log, "listening on", "nvhook serve")
+        for served in ("served", "exec'd"):
+            for mode in ("legacy", "cdi"):
+                sockpath = socks[mode] if served == "served" else tmp / "run/nobody.sock"
+                configs[(mode, served)] = tmp / f"{mode}-{served[0]}.toml"
+                configs[(mode, served)].write_text(
+                    (f'[nvidia-container-runtime]\nmode = "cdi"\n'
+                     f'[nvidia-container-runtime.modes.cdi]\nspec-dirs = ["{specs}"]\n' if mode == "cdi" else "")
+                    + f'[nvhook]\nsocket = "{sockpath}"\n')
+        logs = {mode: tmp / f"serve-{mode}.log" for mode in socks}
+        servers = []
+        for mode, sock in socks.items():
+            servers.append(subprocess.Popen(
+                [str(REPO / ".venv/bin/nvhook-hook"), "--config", str(configs[(mode, "served")]),
+                 "serve", "--socket", str(sock), "--no-warm"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(logs[mode], "wb"), env={}))
+            await_log(servers[-1], logs[mode], "listening on", "nvhook serve")
         path = f"{stub}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         bundle = tmp / "bundle"
         (bundle / "rootfs").mkdir(parents=True)
@@ -158,11 +163,13 @@ def create(n: int, shim: str, with_nvidia: bool = True) -> int:
                         if not edited.get("hooks") and not edited["linux"].get("devices"):
                             raise SystemExit(f"{k}: config.json not edited")
         finally:
-            server.terminate()
-            server.wait(30)
-        served_n = len(re.findall(r"request from pid \d+: status 0", log.read_text()))
-        if served_n != 2 * (n + 1):
-            raise SystemExit(f"the service served {served_n} creates, not {2 * (n + 1)}: {log.read_text()}")
+            for server in servers:
+                server.terminate()
+                server.wait(30)
+        for mode, log in logs.items():
+            served_n = len(re.findall(r"request from pid \d+: status 0", log.read_text()))
+            if served_n != n + 1:
+                raise SystemExit(f"the {mode} service served {served_n} creates, not {n + 1}: {log.read_text()}")
         base, _ = stats(times["stub runtime (baseline)"])
         print(f"runtime shim `create` (the runtime a stub), {n} interleaved runs each, medians:")
         rc = 0
