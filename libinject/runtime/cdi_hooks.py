@@ -16,8 +16,9 @@ process, one namespace entry, one journal, one ldconfig):
   /proc.
 - --link TARGET::LINK: symlinks in the container (LINK -> TARGET).
 - --folder DIR [--ldconfig @/sbin/ldconfig]: the container's ld cache. The libraries
-  the runtime bind-mounted into those folders (the spec's mounts: libinject.request.cdi_hook.runtime_libraries; an
-  older spec names them, --library HOST::CONTAINER) have their ELF headers merged into
+  the runtime bind-mounted into those folders (the spec's mounts:
+  libinject.request.cdi_hook.runtime_libraries; an older spec names them, --library
+  HOST::CONTAINER) have their ELF headers merged into
   the image's cache in-process (libinject.apply.ldcache_merge, as the prestart hook does
   for the libraries it mounts) instead of running the sandboxed ldconfig, which stays
   the fallback wherever the merge does not cover the image.
