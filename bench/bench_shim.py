@@ -19,12 +19,12 @@ fresh config.json, each GPU case twice: exec'd (the config names a socket nobody
 listens on: the front execs Python, the state before issue 24) and served (an `nvhook
 serve` this benchmark starts listens there, one per mode, started with that mode's
 config, as a node's service is with the config its engine's shim reads: the front
-hands the create to it, libinject/runtime/serve/shim.py). Beside them, in the same rounds, NVIDIA's shim
-(nvidia-container-runtime 1.20 from ../shared/anchors, bench/nvidia.py) on the same
-config.json: no GPU, legacy mode (it adds its hook) and cdi mode (the edits of
-nvidia-ctk's spec for the same simulated host). Targets (issue 33): what a GPU create
-adds, over what NVIDIA's adds in the same mode and run: served <= 0.5x, exec'd <= 1.5x;
-no GPU: noise (<= 1 ms). Without NVIDIA's stack: nvhook only, said so. Prints medians,
+hands the create to it, libinject/runtime/serve/shim.py). Beside them, in the same
+rounds, NVIDIA's shim (nvidia-container-runtime 1.20 from ../shared/anchors,
+bench/nvidia.py) on the same config.json: no GPU, legacy mode (it adds its hook) and
+cdi mode (the edits of nvidia-ctk's spec for the same simulated host). Targets (issue
+33): what a GPU create adds, over what NVIDIA's adds in the same mode and run: served
+<= 0.5x, exec'd <= 1.5x; no GPU: noise (<= 1 ms). Without NVIDIA's stack: nvhook only, said so. Prints medians,
 p90 and the added time.
 """
 from __future__ import annotations

@@ -20,6 +20,8 @@ CONFIGURE_STAGES = ("prestart", "createContainer")
 
 # Character device majors.
 NVIDIA_MAJOR = 195              # /dev/nvidia*, nvidiactl, nvidia-modeset
+# Where the driver's capability nodes (MIG access, IMEX channels) are, in /dev.
+CAPS_DIR = "/dev/nvidia-caps"
 
 # IPC sockets, as containers see them (the host's are under the driver root's run/).
 PERSISTENCED_SOCKET = "/run/nvidia-persistenced/socket"

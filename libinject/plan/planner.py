@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from libinject.constants import FABRICMANAGER_SOCKET, GLXSERVER, NVIDIA_MAJOR, PERSISTENCED_SOCKET
+from libinject.constants import CAPS_DIR, FABRICMANAGER_SOCKET, GLXSERVER, NVIDIA_MAJOR, PERSISTENCED_SOCKET
 from libinject.discover.libraries import DEBIAN_LIB_DIRS
 from libinject.plan import compat as _compat
 from libinject.plan import procfs as _procfs
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from typing import Iterable, Mapping, Sequence
 
 BIN_DIR = "/usr/bin"
-CAPS_DIR = "/dev/nvidia-caps"
 
 # Mount options, as libnvidia-container remounts each kind.
 LIB_OPTS = ("ro", "nosuid", "nodev", "bind")

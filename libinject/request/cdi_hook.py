@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from libinject.constants import NVIDIA_MAJOR
+from libinject.constants import CAPS_DIR, NVIDIA_MAJOR
 
-CAPS_NODE = "/dev/nvidia-caps/nvidia-cap"     # (libinject.plan.planner.CAPS_DIR's nodes)
+CAPS_NODE = f"{CAPS_DIR}/nvidia-cap"
 MAX_SPEC_MOUNTS = 4096      # of a container's config.json mounts looked at (a real one: ~60)
 
 
