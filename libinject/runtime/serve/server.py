@@ -39,6 +39,11 @@ PROBER_BACKOFF = 60.0           # s without a prober after one was stuck (a wedg
 REDISCOVER_BACKOFF = 30.0       # s before the server tries again a rediscovery that failed
 PROBE_STUCK = 10.0              # s a probe may take before the prober is replaced
 DYING_POLL = 1.0                # s between tries to reap a killed child whose exit we cannot wait for
+# s from a lone request's worker's exit to the next spare's fork. The fork costs the
+# server 1-2.5 ms of CPU (this 2-core VM, a 21 MB server); at once, it took that from
+# the runtime finishing the very start (a served start's end to end +1.5-3.6 ms,
+# bench/ab_served.py). Shorter than any start's runtime takes from one hook to the next.
+SPARE_AFTER = 0.01
 
 
 @record
@@ -83,6 +88,7 @@ class Server:
         self.jobs: dict[int, _Job] = {}          # by the worker's pidfd
         # The next request's worker, forked ahead of it: (its Child, our end of its socket).
         self.spare: tuple[Child, socket.socket] | None = None
+        self.spare_due: float | None = None      # when to fork it (_finish), if pending
         # The prober (_Prober): takes each request's fingerprint of the driver root we
         # warmed (probe_inputs) on another CPU while the worker reads the request.
         self.prober: tuple[Child, socket.socket] | None = None
@@ -221,6 +227,8 @@ class Server:
     # requests
     def _next_timeout(self) -> float | None:
         deadlines = [j.deadline for j in self.jobs.values()]
+        if self.spare_due is not None:
+            deadlines.append(self.spare_due)
         if self.probing:
             deadlines.append(self.probing + PROBE_STUCK)
         if any(c.pidfd not in self.watched_dying for c in self.dying):
@@ -284,6 +292,8 @@ class Server:
             # server's fork would take a CPU from the worker, the prober or the runtime
             # (2 CPUs: a served worker's wall 0.5-5.5 ms longer, bench/ab_served.py).
             self._spawn_spare()
+        else:
+            self.spare_due = None       # (one due from an earlier request: after this one)
 
     def _fork(self, work) -> Child | None:
         """A worker process running work() (its exit status); None if no pidfd."""
@@ -323,9 +333,10 @@ class Server:
     # its pages, then is a worker; before it waits, it pre-faults what requests write
     # (saying PREFAULTING first). It runs on idle CPU from its fork until it gets a
     # request (the server's to decide: _take_spare), set-up and pre-faulting alike.
-    # Forked at start, when a request's worker is gone (_finish), and at once when a
-    # request comes while another is in flight (_accept).
+    # Forked at start, SPARE_AFTER after a request's worker is gone (_finish), and at
+    # once when a request comes while another is in flight (_accept).
     def _spawn_spare(self) -> None:
+        self.spare_due = None
         if self.spare is not None or self.stopping:
             return
         self.spare = self._fork_talking(_Worker.spare, "spare")
@@ -494,6 +505,8 @@ class Server:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        if self.spare_due is not None and now >= self.spare_due:
+            self._spawn_spare()
         if self.probing and now - self.probing > PROBE_STUCK:     # (a wedged driver's procfs)
             self.log(f"prober {self.prober[0].pid} took over {PROBE_STUCK:g}s; "  # type: ignore[index]
                      f"workers take their own fingerprints for {PROBER_BACKOFF:g}s")
@@ -532,7 +545,9 @@ class Server:
                     NvhookError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
-        self._spawn_spare()     # (none if one is there, or we stop)
+        if self.spare is None and not self.stopping:
+            # Not at once: the runtime is finishing the start this worker served
+            self.spare_due = time.monotonic() + SPARE_AFTER
 
     def _learn_from(self, report: dict, worker: int) -> None:
         """What a worker reported (_Worker._report), taken as data only: what is kept is
