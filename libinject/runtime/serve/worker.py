@@ -47,6 +47,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         self.learned, self.output = learned, output
         self.probe = probe          # the prober's fingerprint comes here (Server._probe)
         self.learn = learn          # report the pages we copied (the server asked)
+        self.shim = False           # the request is a runtime shim's (serve() says)
         self.log = server.log
 
     @staticmethod
@@ -153,7 +154,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         req = self._check(data, flags, fds)
         if req is None:
             return DECLINED     # the front falls back to exec'ing Python
-        shim = isinstance(req, ShimRequest)
+        shim = self.shim = isinstance(req, ShimRequest)
         state = b"" if shim else _read_fd(fds[0])
         for fd in fds:
             os.close(fd)
@@ -260,7 +261,9 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         drivers discovered, the plans and the ld.so.cache merge made afresh
         (DriverCache.plan, ldcache_merge.learned), and, once the front has its status
         (reported) and if the server asked (learn), the pages we copied."""
-        report: dict[str, list] = {}
+        report: dict[str, list | bool] = {}
+        if self.shim:
+            report["shim"] = True       # (the server forks the next spare at once)
         if self.server.cache.new:
             report["drivers"] = self.server.cache.dump_new()
         if self.server.cache.planned:
