@@ -526,7 +526,6 @@ class Server:
         code = job.child.wait(0)            # its pidfd is readable: it has exited
         if code is None:
             return
-        shim = False
         if job.timed_out:
             code = TIMED_OUT
         elif code < 0:
@@ -540,18 +539,15 @@ class Server:
                 size = os.fstat(job.learned).st_size
                 if size > MAX_REPORT:
                     raise ValueError(f"{size} bytes")
-                report = json.loads(os.pread(job.learned, size, 0)) if size else {}
-                shim = report.get("shim") is True
-                self._learn_from(report, job.child.pid)
+                self._learn_from(json.loads(os.pread(job.learned, size, 0)) if size else {},
+                                 job.child.pid)
             except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
                     NvhookError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
         if self.spare is None and not self.stopping:
-            if shim:    # a shim's create: its container's hook comes within milliseconds
-                self._spawn_spare()
-            else:       # not at once: the runtime is finishing the start this worker served
-                self.spare_due = time.monotonic() + SPARE_AFTER
+            # Not at once: the runtime is finishing the start this worker served
+            self.spare_due = time.monotonic() + SPARE_AFTER
 
     def _learn_from(self, report: dict, worker: int) -> None:
         """What a worker reported (_Worker._report), taken as data only: what is kept is

@@ -47,7 +47,6 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         self.learned, self.output = learned, output
         self.probe = probe          # the prober's fingerprint comes here (Server._probe)
         self.learn = learn          # report the pages we copied (the server asked)
-        self.shim = False           # the request is a runtime shim's (serve() says)
         self.log = server.log
 
     @staticmethod
@@ -154,7 +153,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         req = self._check(data, flags, fds)
         if req is None:
             return DECLINED     # the front falls back to exec'ing Python
-        shim = self.shim = isinstance(req, ShimRequest)
+        shim = isinstance(req, ShimRequest)
         state = b"" if shim else _read_fd(fds[0])
         for fd in fds:
             os.close(fd)
@@ -261,9 +260,7 @@ class _Worker:  # pragma: no cover - runs in a forked child (covered by tests/te
         drivers discovered, the plans and the ld.so.cache merge made afresh
         (DriverCache.plan, ldcache_merge.learned), and, once the front has its status
         (reported) and if the server asked (learn), the pages we copied."""
-        report: dict[str, list | bool] = {}
-        if self.shim:
-            report["shim"] = True       # (the server forks the next spare at once)
+        report: dict[str, list] = {}
         if self.server.cache.new:
             report["drivers"] = self.server.cache.dump_new()
         if self.server.cache.planned:
