@@ -545,7 +545,9 @@ class Server:
                     NvhookError) as e:
                 self.log(f"ignoring worker {job.child.pid}'s report: {e}")
         self._done(job, code)
-        if self.spare is None and not self.stopping:
+        if self.jobs:
+            self._spawn_spare()     # a burst: at once (none if one is there, or we stop)
+        elif self.spare is None and not self.stopping:
             # Not at once: the runtime is finishing the start this worker served
             self.spare_due = time.monotonic() + SPARE_AFTER
 
