@@ -101,14 +101,14 @@ def cdi_hook_edits(spec: dict, *, procfs_dir: str = "", mig_minors: str = "",
     mounts = ((plan_hook.libraries(libraries) if libraries
                else plan_hook.runtime_library_mounts(request_hook.runtime_libraries(spec, folders)))
               if folders else ())
-    mask = None
+    mask = host = None
     if procfs_dir and os.path.isdir(procfs_dir):
         gpus, caps = request_hook.given_devices(spec)
         host, keys = host_procfs.for_container(procfs_dir, caps, mig_minors)
         mask = plan_hook.procfs_mask(procfs_dir, host, keys, gpus)
     compat = None
     if folders and cuda_compat_major:
-        models = (host_procfs.gpu_models(procfs_dir, request_hook.gpu_nodes(spec))
+        models = (host_procfs.gpu_models(procfs_dir, request_hook.gpu_nodes(spec), host)
                   if procfs_dir else ())
         compat = plan_hook.cuda_compat(cuda_compat_major, models)
     return ContainerEdits(procfs=mask, symlinks=symlinks, ldconfig_folders=folders, mounts=mounts,

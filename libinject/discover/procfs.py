@@ -27,6 +27,7 @@ LIMIT = 1 << 20         # procfs files are small; a bound keeps a strange one fr
 class HostProcfs:
     files: dict[str, str] = field(default_factory=dict)          # rel path -> text
     gpus: dict[str, int | None] = field(default_factory=dict)    # gpus/<name> -> Device Minor
+    models: dict[str, str] = field(default_factory=dict)         # gpus/<name> -> Model ("": none)
 
 
 def _read_bytes(path: str) -> bytes:
@@ -85,6 +86,12 @@ def device_minor(text: str | None) -> int | None:
     return None
 
 
+def _model(text: str) -> str:
+    """The "Model:" of a gpus/<busid>/information text ("" if none)."""
+    return next((v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines())
+                 if k.strip() == "Model"), "")
+
+
 def read(procfs_dir: str, cap_keys: Iterable[str] = ()) -> HostProcfs:
     """params/version/registry and the capability files of `cap_keys` (mig-minors table
     names) by their path under procfs_dir, and the gpus/ dirs. Missing files are
@@ -97,6 +104,7 @@ def read(procfs_dir: str, cap_keys: Iterable[str] = ()) -> HostProcfs:
         if text is not None:
             files[rel] = text
     gpus: dict[str, int | None] = {}
+    models: dict[str, str] = {}
     try:
         with os.scandir(os.path.join(procfs_dir, "gpus")) as it:
             names = sorted(e.name for e in it if e.is_dir())
@@ -106,10 +114,11 @@ def read(procfs_dir: str, cap_keys: Iterable[str] = ()) -> HostProcfs:
         raise NvhookError(f"cannot read {procfs_dir}/gpus: {e.strerror}") from None
     for name in names:
         try:
-            gpus[name] = device_minor(read_text(os.path.join(procfs_dir, "gpus", name, "information")))
+            text = read_text(os.path.join(procfs_dir, "gpus", name, "information")) or ""
         except NvhookError:
-            gpus[name] = None
-    return HostProcfs(files, gpus)
+            text = ""
+        gpus[name], models[name] = device_minor(text), _model(text)
+    return HostProcfs(files, gpus, models)
 
 
 def gpu_entry(names: Iterable[str], bus_id: str) -> str | None:
@@ -143,10 +152,13 @@ def for_container(procfs_dir: str, cap_minors: Iterable[int], mig_minors: str = 
     return read(procfs_dir, keys), keys
 
 
-def gpu_models(procfs_dir: str, minors: Iterable[int]) -> list[str]:
+def gpu_models(procfs_dir: str, minors: Iterable[int], host: HostProcfs | None = None) -> list[str]:
     """The "Model:" of each of the host's gpus/*/information whose Device Minor is one
-    of `minors` (none where there is no gpus/ dir)."""
+    of `minors` (none where there is no gpus/ dir); from `host` where read() already
+    read them."""
     want = set(minors)
+    if host is not None:
+        return [host.models.get(name, "") for name, minor in sorted(host.gpus.items()) if minor in want]
     gpus = os.path.join(procfs_dir, "gpus")
     try:
         names = sorted(os.listdir(gpus))
@@ -155,8 +167,6 @@ def gpu_models(procfs_dir: str, minors: Iterable[int]) -> list[str]:
     out = []
     for name in names:
         text = read_text(os.path.join(gpus, name, "information")) or ""
-        if device_minor(text) not in want:
-            continue
-        out.append(next((v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines())
-                         if k.strip() == "Model"), ""))
+        if device_minor(text) in want:
+            out.append(_model(text))
     return out
