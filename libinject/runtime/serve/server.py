@@ -41,8 +41,9 @@ PROBE_STUCK = 10.0              # s a probe may take before the prober is replac
 DYING_POLL = 1.0                # s between tries to reap a killed child whose exit we cannot wait for
 # s from a lone request's worker's exit to the next spare's fork. The fork costs the
 # server 1-2.5 ms of CPU (this 2-core VM, a 21 MB server); at once, it took that from
-# the runtime finishing the very start (a served start's end to end +1.5-3.6 ms,
-# bench/ab_served.py). Shorter than any start's runtime takes from one hook to the next.
+# the runtime finishing the very start (what runc run adds: 0.3-4.8 ms more, four paired
+# bench/ab_served.py runs). Shorter than a runtime takes from one start's hook to the
+# next (a shim's create to its container's hook: 27-35 ms here).
 SPARE_AFTER = 0.01
 
 
